@@ -1,0 +1,45 @@
+"""Errors that teach: every mmgrpo error says what went wrong, where (file, line, key) and how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class MmgrpoError(Exception):
+    """Base class of every error mmgrpo raises on purpose."""
+
+
+class ConfigError(MmgrpoError, ValueError):
+    """A configuration file or override is invalid. Raised before any model is loaded."""
+
+
+class RegistryError(MmgrpoError, KeyError):
+    """An environment or verifier name is not registered, or a registration clashes."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class EnvError(MmgrpoError):
+    """An environment broke its protocol (bad observation, bad return shape)."""
+
+
+class VerifierError(MmgrpoError):
+    """A verifier broke its protocol (wrong return type or length)."""
+
+
+class DataError(MmgrpoError, ValueError):
+    """An episode or dataset cannot be used as given (e.g. a prompt longer than the context)."""
+
+
+def closest(name: str, options: Iterable[str]) -> str | None:
+    """The option closest to ``name`` (for 'did you mean ...?' hints), or None when nothing is close."""
+    matches = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def did_you_mean(name: str, options: Iterable[str]) -> str:
+    """A ' Did you mean 'x'?' suffix, or '' when nothing is close."""
+    match = closest(name, options)
+    return f" Did you mean '{match}'?" if match else ""
