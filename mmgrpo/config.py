@@ -1,0 +1,366 @@
+"""Typed run configuration: dataclasses with a docstring per field, YAML loading, dotted overrides, validation.
+
+    cfg = load_config("examples/counting.yaml", ["grpo.lr=1e-4", "env.kwargs.max_count=3"])
+
+Every section is a frozen dataclass that checks its own types and ranges in ``__post_init__`` (so
+``dataclasses.replace`` re-validates); the loader adds the file and line, or the ``--set`` override, to every
+error. Derived values are properties, never fields patched after parsing. ``model.path`` may be empty at
+parse time (so ``--help-config``, ``list`` and configs completed by ``--set model.path=...`` work); code that
+loads a model calls ``cfg.require_model()``, which raises a ConfigError saying how to get one.
+Field docs are the string literal under each field; ``describe_fields`` / ``config_reference`` read them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+from mmgrpo._config_source import Sources, apply_override, read_yaml
+from mmgrpo._config_types import FieldError, Section, build, describe_fields, reference_table
+from mmgrpo.errors import ConfigError
+
+__all__ = [
+    "Config",
+    "ModelConfig",
+    "EnvConfig",
+    "VerifierConfig",
+    "GRPOConfig",
+    "WarmStartConfig",
+    "EvalConfig",
+    "load_config",
+    "config_from_dict",
+    "config_to_dict",
+    "save_config",
+    "describe_fields",
+    "config_reference",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig(Section):
+    path: str = ""
+    """Local directory or Hugging Face hub id of the policy model. For an offline tiny model run
+    `mmgrpo tiny-model runs/tiny-model` and set `model.path=runs/tiny-model`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the policy (and reference) model."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to run: auto picks cuda when available, else cpu."""
+    min_pixels: int | None = None
+    """Lower bound of the processor's image budget in pixels (null = the processor's default)."""
+    max_pixels: int | None = None
+    """Upper bound of the processor's image budget in pixels; fewer pixels = fewer image tokens, less memory."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about 30% slower."""
+    trust_remote_code: bool = False
+    """Allow the model repository to run its own Python code (only for models you trust)."""
+
+    _aliases: ClassVar[dict[str, str]] = {"model_name_or_path": "path", "torch_dtype": "dtype"}
+
+    def _validate(self) -> None:
+        for name in ("min_pixels", "max_pixels"):
+            self._require(
+                getattr(self, name) is None or getattr(self, name) >= 1, name, "must be >= 1 or null"
+            )
+        if self.min_pixels is not None and self.max_pixels is not None:
+            self._require(self.min_pixels <= self.max_pixels, "min_pixels", "must be <= max_pixels")
+
+
+@dataclass(frozen=True)
+class EnvConfig(Section):
+    name: str = "counting"
+    """Registered environment name (`mmgrpo list` shows them; plugins add more via entry points)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment factory (checked by the environment, not here)."""
+    max_turns: int = 1
+    """Most assistant turns per episode; 1 = single-turn question/answer."""
+
+    def _validate(self) -> None:
+        self._require(bool(self.name), "name", "must name a registered environment")
+        self._require(self.max_turns >= 1, "max_turns", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class VerifierConfig(Section):
+    name: str
+    """Registered verifier name, e.g. number_match, exact_match, format."""
+    weight: float = 1.0
+    """Weight of this verifier in the total reward (a weighted sum over verifiers)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the verifier factory (checked by the verifier, not here)."""
+
+    def _validate(self) -> None:
+        self._require(bool(self.name), "name", "must name a registered verifier")
+        self._require(math.isfinite(self.weight), "weight", "must be a finite number")
+
+
+@dataclass(frozen=True)
+class GRPOConfig(Section):
+    steps: int = 200
+    """Optimizer steps of GRPO training (0 = none, e.g. a warm-start-only run)."""
+    tasks_per_step: int = 16
+    """B: tasks (prompts) sampled per step."""
+    group_size: int = 8
+    """G: episodes per task; advantages are normalised within each group of G (typical 8-16)."""
+    num_iterations: int = 1
+    """mu: optimisation passes over each step's rollouts (1 = on-policy, ratio 1 at the first pass)."""
+    micro_batch_size: int = 32
+    """Sequences per forward/backward pass (gradient accumulation); changes memory use, not the update."""
+    lr: float = 3e-4
+    """AdamW learning rate (tiny models need large ones; billion-parameter models about 1e-6 to 5e-6)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas [beta1, beta2]."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up from 0."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warm-up, towards 0 at the last step."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global L2 norm."""
+    beta: float = 0.04
+    """KL coefficient against the frozen reference model (k3 estimator, in the loss); 0 = no reference model."""
+    clip_eps_low: float = 0.2
+    """The ratio is clipped below at 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """The ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float | None = None
+    """Dual clip: for negative advantages cap the ratio at this constant (about 3); null = off."""
+    scale: Literal["std_unbiased", "std_biased", "none"] = "std_unbiased"
+    """Advantage scaling: divide by the group's std (unbiased, n-1, or biased, n) or not at all (Dr. GRPO)."""
+    baseline: Literal["mean", "rloo"] = "mean"
+    """Advantage baseline: the group mean, or the mean of the other G-1 rewards (RLOO)."""
+    adv_eps: float = 1e-6
+    """Added to the std before dividing, so zero-variance groups give zero advantages."""
+    aggregation: Literal["sequence", "token", "constant"] = "sequence"
+    """Loss over tokens: mean per sequence then over sequences (GRPO), mean over all tokens (DAPO),
+    or sum divided by max_new_tokens x sequences (Dr. GRPO)."""
+    importance: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (GRPO) or one per sequence, the geometric mean of its tokens' (GSPO)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (typical 0.7-1.0); must be > 0."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold of the rollouts; 1 = off."""
+    top_k: int = 0
+    """Sample only from the k most likely tokens; 0 = off."""
+    max_new_tokens: int = 16
+    """Most tokens the policy generates per turn."""
+    log_every: int = 1
+    """Log metrics (metrics.jsonl, progress bar) every this many steps."""
+    save_every: int = 0
+    """Save a checkpoint every this many steps; 0 = only at the end."""
+    eval_every: int = 0
+    """Run a held-out evaluation every this many steps; 0 = never during training."""
+    eval_episodes: int = 64
+    """Episodes per evaluation during training."""
+
+    _aliases: ClassVar[dict[str, str]] = {  # TRL's names, for 'did you mean' hints
+        "learning_rate": "lr", "num_generations": "group_size", "max_completion_length": "max_new_tokens",
+        "epsilon": "clip_eps_low", "epsilon_high": "clip_eps_high", "max_steps": "steps",
+        "scale_rewards": "scale", "loss_type": "aggregation", "importance_sampling_level": "importance",
+        "lr_scheduler_type": "lr_schedule", "per_device_train_batch_size": "micro_batch_size",
+    }  # fmt: skip
+
+    @property
+    def episodes_per_step(self) -> int:
+        """Episodes rolled out per step: tasks_per_step x group_size."""
+        return self.tasks_per_step * self.group_size
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a reference model is needed (beta > 0)."""
+        return self.beta > 0
+
+    def _validate(self) -> None:
+        for name in (
+            "tasks_per_step",
+            "num_iterations",
+            "micro_batch_size",
+            "max_new_tokens",
+            "log_every",
+            "eval_episodes",
+        ):
+            self._require(getattr(self, name) >= 1, name, "must be >= 1")
+        for name in ("steps", "warmup_steps", "top_k", "save_every", "eval_every", "weight_decay", "beta"):
+            self._require(getattr(self, name) >= 0, name, "must be >= 0")
+        self._require(
+            self.group_size >= 2,
+            "group_size",
+            "must be >= 2",
+            "GRPO compares the samples of a task with each other, so it needs at least 2 samples per "
+            "group (typical 8-16)",
+        )
+        self._require(
+            self.temperature > 0,
+            "temperature",
+            "must be > 0",
+            "With greedy sampling all G samples of a task are identical, every group has zero reward "
+            "variance and zero advantage, and nothing is learned (typical 0.7-1.0)",
+        )
+        for name in ("lr", "max_grad_norm", "adv_eps"):
+            self._require(getattr(self, name) > 0, name, "must be > 0")
+        for name in ("clip_eps_low", "clip_eps_high"):
+            self._require(0 <= getattr(self, name) < 1, name, "must be in [0, 1)")
+        self._require(
+            self.dual_clip is None or self.dual_clip > 1, "dual_clip", "must be > 1 (about 3) or null"
+        )
+        self._require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        self._require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "betas",
+            "must be two numbers in [0, 1), e.g. [0.9, 0.999]",
+        )
+
+
+@dataclass(frozen=True)
+class WarmStartConfig(Section):
+    steps: int = 0
+    """Supervised format-only cold start before GRPO (DeepSeek-R1 style): it teaches the answer format with
+    random answers, so that rewards are not all zero at the start; 0 = off."""
+    lr: float = 1e-3
+    """Learning rate of the warm start."""
+    batch_size: int = 16
+    """Examples per warm-start step."""
+    target: str = "<answer>{random}</answer>"
+    """Completion to imitate; {random} becomes a random integer in [random_low, random_high]."""
+    random_low: int = 1
+    """Smallest random answer."""
+    random_high: int = 5
+    """Largest random answer."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps > 0
+
+    def _validate(self) -> None:
+        self._require(self.steps >= 0, "steps", "must be >= 0")
+        self._require(self.lr > 0, "lr", "must be > 0")
+        self._require(self.batch_size >= 1, "batch_size", "must be >= 1")
+        self._require(
+            self.random_low <= self.random_high, "random_low", f"must be <= random_high ({self.random_high})"
+        )
+        try:
+            self.target.format(random=0)
+        except (KeyError, IndexError, ValueError):
+            self._require(
+                False, "target", "may only use the placeholder {random}", "Write {{ and }} for braces"
+            )
+
+
+@dataclass(frozen=True)
+class EvalConfig(Section):
+    episodes: int = 200
+    """Episodes per evaluation (`mmgrpo eval`), on the environment's eval split."""
+    temperature: float = 0.0
+    """Sampling temperature at evaluation; 0 = greedy."""
+    max_new_tokens: int = 16
+    """Most tokens generated per turn at evaluation."""
+    batch_size: int = 64
+    """Episodes generated together."""
+    seed_offset: int = 0
+    """Added to the task seeds, to evaluate on a different set of eval tasks."""
+    metric: str = ""
+    """Verifier whose score (>= 0.5 counts as correct) is the accuracy; empty = the first verifier listed."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def _validate(self) -> None:
+        for name in ("episodes", "max_new_tokens", "batch_size"):
+            self._require(getattr(self, name) >= 1, name, "must be >= 1")
+        self._require(self.temperature >= 0, "temperature", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Config(Section):
+    seed: int = 0
+    """Seed of everything random: same config and seed on the CPU give the same run."""
+    output_dir: str = "runs/run"
+    """Run directory: metrics.jsonl, checkpoints, the final model and the resolved config."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The environment that poses tasks and answers the policy's turns."""
+    verifiers: list[VerifierConfig] = field(default_factory=lambda: [VerifierConfig("number_match", 1.0)])
+    """Reward verifiers; the reward is their weighted sum. Names must be unique (metrics are keyed by name)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPO training."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Optional supervised format-only cold start before GRPO."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation."""
+
+    _aliases: ClassVar[dict[str, str]] = {
+        "environment": "env",
+        "reward_funcs": "verifiers",
+        "training": "grpo",
+    }
+
+    def _validate(self) -> None:
+        self._require(self.seed >= 0, "seed", "must be >= 0")
+        self._require(bool(self.output_dir), "output_dir", "must be a directory path")
+        names = [v.name for v in self.verifiers]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise FieldError(
+                "verifiers",
+                f"lists the name '{dup}' twice; per-verifier metrics are keyed by "
+                "name, so list each verifier once",
+            )
+
+    def require_model(self) -> str:
+        """The model path, or a ConfigError saying how to set one. Call before loading a model."""
+        if not self.model.path:
+            raise ConfigError(
+                "model.path is empty: set it in the config (model: {path: DIR_OR_HUB_ID}) or with "
+                "--set model.path=DIR. For an offline tiny model run `mmgrpo tiny-model runs/tiny-model` and "
+                "use --set model.path=runs/tiny-model."
+            )
+        return self.model.path
+
+
+def config_reference(markdown: bool = False) -> str:
+    """Every config key with its type, default and docstring, as text or a markdown table (README, --help-config)."""
+    return reference_table(Config, markdown)
+
+
+# ---------------------------------------------------------------- loading and saving
+
+
+def config_from_dict(d: dict[str, Any], source: str = "<dict>") -> Config:
+    """Build and validate a Config from a plain dict (missing keys take their defaults)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{source}: a config must be a mapping of keys, got {type(d).__name__}")
+    return build(Config, copy.deepcopy(d), (), Sources(source))
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """Load a YAML config (None = the defaults) and apply ``key.sub=value`` overrides, values parsed as YAML."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    data, sources = read_yaml(path) if path is not None else ({}, Sources("<defaults>"))
+    defaults = config_to_dict(Config())
+    for override in overrides:
+        apply_override(data, sources, override, defaults)
+    return build(Config, data, (), sources)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain, YAML-safe dict of a config (or of one section)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the config as YAML; ``load_config(path)`` gives back an equal Config."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True), encoding="utf-8"
+    )

@@ -1,0 +1,96 @@
+"""Held-out evaluation: greedy episodes on the eval split, scored by the verifiers.
+
+Eval seeds ``seed_offset .. seed_offset + n - 1`` on the env's ``eval`` split, which every built-in env maps
+to scenes disjoint from the training split. Accuracy is the mean of one verifier's score (``eval.metric``,
+by default the first verifier of the config), counted as correct when that score is >= 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mmgrpo.env import ChatEnv
+from mmgrpo.policy import Policy
+from mmgrpo.rollout import rollout
+from mmgrpo.verifier import Rewards
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    n: int
+    metric: str
+    per_verifier: dict[str, float] = field(default_factory=dict)
+    format_failures: int = 0
+    samples: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["samples"] = d["samples"][:20]
+        return d
+
+
+def evaluate(
+    policy: Policy,
+    make_env: Callable[[], ChatEnv],
+    rewards: Rewards,
+    *,
+    episodes: int,
+    metric: str,
+    batch_size: int = 64,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    seed_offset: int = 0,
+    progress: bool = False,
+) -> EvalResult:
+    """Accuracy of ``policy`` on ``episodes`` held-out tasks (one greedy episode per task)."""
+    from tqdm.auto import tqdm
+
+    envs = [make_env() for _ in range(min(batch_size, episodes))]
+    correct, scores, samples = 0, {v.name: 0.0 for v in rewards.verifiers}, []
+    bar = tqdm(total=episodes, desc="eval", unit="ep", disable=not progress, leave=False)
+    for start in range(0, episodes, batch_size):
+        seeds = list(range(seed_offset + start, seed_offset + min(start + batch_size, episodes)))
+        batch = rollout(
+            policy,
+            envs,
+            seeds,
+            group_size=1,
+            split="eval",
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+        breakdown = rewards.score(batch.episodes)
+        values = breakdown.per_verifier[metric]  # (n,)
+        correct += int((values >= 0.5).sum())
+        for name, v in breakdown.per_verifier.items():
+            scores[name] += float(v.sum())
+        for t, v in zip(batch.trajectories, values.tolist(), strict=True):
+            if len(samples) < 50:
+                samples.append(
+                    {
+                        "seed": t.task.get("seed"),
+                        "answer": t.task.get("answer"),
+                        "completion": t.completion,
+                        "score": v,
+                    }
+                )
+        bar.update(len(seeds))
+    bar.close()
+    return EvalResult(
+        accuracy=correct / episodes,
+        n=episodes,
+        metric=metric,
+        per_verifier={k: v / episodes for k, v in scores.items()},
+        samples=samples,
+    )
+
+
+def write_eval(result: EvalResult, model_dir: str | Path) -> Path:
+    """Write ``eval.json`` next to the model; returns its path."""
+    path = Path(model_dir) / "eval.json"
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return path

@@ -1,0 +1,351 @@
+"""The policy: a Hugging Face model and its processor, seen as "messages in, token ids out".
+
+Owns chat templating, image inputs, batched generation, per-token log-probs and the frozen reference.
+Knows nothing about environments or rewards.
+
+Layout of a batch of N sequences (the same as TRL's and verl's "prompt | response" layout):
+
+    prompt_ids   (N, P)  left-padded    every token before the first policy turn (system, user, images)
+    response_ids (N, T)  right-padded   everything after it: policy turns and, in multi-turn episodes,
+                                        the environment's turns in between (loss_mask 0 there)
+
+so the log-prob of response token t is read from the logits at column P + t - 1, and one forward with
+``logits_to_keep = T + 1`` serves any mix of prompt lengths. Vision inputs (``pixel_values`` rows, one per
+14x14 patch, and ``image_grid_thw``, one row per image) travel with the batch in sequence order.
+
+The same class serves the embedded tiny Qwen2.5-VL, a real checkpoint by path or hub id, and a text-only
+causal LM (whose "processor" is its tokenizer).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmgrpo.errors import ConfigError, DataError
+from mmgrpo.losses import token_logprobs
+
+
+@dataclass
+class VisionInputs:
+    """Processor outputs for the images of a batch, in sequence order.
+
+    pixel_values   (num_patches, patch_dim)  rows of all images, image after image
+    image_grid_thw (num_images, 3)           (t, h, w) patch grid of each image
+    images_per_seq list[int]                 how many images each sequence owns, in order
+    """
+
+    pixel_values: Tensor | None = None
+    image_grid_thw: Tensor | None = None
+    images_per_seq: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.pixel_values is None
+
+    def _spans(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Per sequence, its (start, end) rows in image_grid_thw and in pixel_values."""
+        patches = self.image_grid_thw.prod(dim=-1).tolist()  # (num_images,) patches per image
+        img_spans, pix_spans, img, pix = [], [], 0, 0
+        for k in self.images_per_seq:
+            n_pix = int(sum(patches[img : img + k]))
+            img_spans.append((img, img + k))
+            pix_spans.append((pix, pix + n_pix))
+            img, pix = img + k, pix + n_pix
+        return img_spans, pix_spans
+
+    def select(self, rows: list[int]) -> VisionInputs:
+        """The vision inputs of sequences ``rows`` (repeats allowed: the G copies of a prompt share one)."""
+        if self.empty:
+            return VisionInputs(images_per_seq=[0] * len(rows))
+        img_spans, pix_spans = self._spans()
+        pix = [self.pixel_values[slice(*pix_spans[r])] for r in rows]
+        grid = [self.image_grid_thw[slice(*img_spans[r])] for r in rows]
+        return VisionInputs(torch.cat(pix), torch.cat(grid), [self.images_per_seq[r] for r in rows])
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> VisionInputs:
+        if self.empty:
+            return self
+        return VisionInputs(
+            self.pixel_values.to(device=device, dtype=dtype or self.pixel_values.dtype),
+            self.image_grid_thw.to(device),
+            list(self.images_per_seq),
+        )
+
+
+@dataclass
+class TokenBatch:
+    """N sequences in the prompt | response layout, everything the loss needs but the advantages.
+
+    prompt_ids (N, P) left-padded; prompt_mask (N, P) 1 on real tokens
+    response_ids (N, T) right-padded; response_mask (N, T) 1 on real tokens
+    loss_mask (N, T) 1 only on policy-generated tokens (0 on padding and environment tokens)
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    loss_mask: Tensor
+    vision: VisionInputs
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def select(self, rows: list[int]) -> TokenBatch:
+        """Rows ``rows``, with columns that are padding in every selected row trimmed away."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        pm, rm = self.prompt_mask[idx], self.response_mask[idx]  # (n, P), (n, T)
+        p_keep = int(pm.sum(dim=1).max())  # left padding: keep the last p_keep columns
+        t_keep = max(int(rm.sum(dim=1).max()), 1)  # right padding: keep the first t_keep columns
+        P = pm.shape[1]
+        return TokenBatch(
+            prompt_ids=self.prompt_ids[idx][:, P - p_keep :],
+            prompt_mask=pm[:, P - p_keep :],
+            response_ids=self.response_ids[idx][:, :t_keep],
+            response_mask=rm[:, :t_keep],
+            loss_mask=self.loss_mask[idx][:, :t_keep],
+            vision=self.vision.select(rows),
+        )
+
+
+def pad_right(seqs: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
+    """Right-pad lists of ids: returns ids (N, T) and mask (N, T)."""
+    T = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), max(T, 1)), pad, dtype=torch.long)  # (N, T)
+    mask = torch.zeros((len(seqs), max(T, 1)), dtype=torch.long)  # (N, T)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+class Policy:
+    """A Hugging Face (vision-)language model with its processor, plus an optional frozen reference.
+
+    ``Policy.from_pretrained(path_or_hub_id)`` loads any image-text-to-text model (Qwen2.5-VL, ...) or a
+    text-only causal LM. ``model`` is the trainable module; ``reference`` a frozen copy (or None).
+    """
+
+    def __init__(self, model, processor, *, device: str | torch.device = "cpu"):
+        self.model = model
+        self.processor = processor
+        self.device = torch.device(device)
+        self.reference = None
+        tok = self.tokenizer
+        self.eos_token_id = tok.eos_token_id
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        cfg = model.config
+        self.image_token_id = getattr(cfg, "image_token_id", None)
+        self.video_token_id = getattr(cfg, "video_token_id", None)
+        # placeholders the policy must never sample: a generated image token has no image behind it
+        vision_ids = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        self.suppress_ids = sorted({i for a in vision_ids if (i := getattr(cfg, a, None)) is not None})
+
+    # ----------------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+    ) -> Policy:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        if Path(path).exists() and not (Path(path) / "config.json").is_file():
+            raise ConfigError(
+                f"model.path '{path}' is a folder without config.json: it is not a saved model. "
+                "Build the embedded one with `mmgrpo tiny-model PATH` or give a hub id / checkpoint folder."
+            )
+        kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+        if min_pixels is not None:
+            kw["min_pixels"] = min_pixels
+        if max_pixels is not None:
+            kw["max_pixels"] = max_pixels
+        processor = AutoProcessor.from_pretrained(path, **kw)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        auto = (
+            AutoModelForImageTextToText
+            if config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+            else AutoModelForCausalLM
+        )
+        model = auto.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        model.to(device)
+        return cls(model, processor, device=device)
+
+    def make_reference(self) -> None:
+        """Keep a frozen copy of the current weights as the KL reference."""
+        ref = copy.deepcopy(self.model)
+        ref.requires_grad_(False)
+        ref.eval()
+        self.reference = ref
+
+    @property
+    def tokenizer(self):
+        return getattr(self.processor, "tokenizer", self.processor)
+
+    @property
+    def is_vision(self) -> bool:
+        return hasattr(self.processor, "image_processor")
+
+    # -------------------------------------------------------------------------------------- templating
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The chat-templated text of ``messages`` (images become their placeholder tokens)."""
+        if self.is_vision:
+            return self.processor.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        flat = [
+            {"role": m["role"], "content": _text_of(m["content"])} if not isinstance(m["content"], str) else m
+            for m in messages
+        ]
+        return self.tokenizer.apply_chat_template(
+            flat, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def encode_prompts(self, conversations: list[list[dict]]) -> tuple[Tensor, Tensor, VisionInputs]:
+        """Template and tokenize prompts: ids (B, P) left-padded, mask (B, P), their vision inputs."""
+        texts = [self.render(msgs) for msgs in conversations]
+        images = [_images_of(msgs) for msgs in conversations]
+        if any(images) and not self.is_vision:
+            raise DataError(
+                "the environment sent images but the model is text-only: use an image-text-to-text model "
+                "(e.g. the tiny Qwen2.5-VL from `mmgrpo tiny-model`) or an environment without images."
+            )
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        if any(images):
+            flat = [im for ims in images for im in ims]
+            enc = self.processor(text=texts, images=flat, return_tensors="pt", padding=True)
+            vision = VisionInputs(enc["pixel_values"], enc["image_grid_thw"], [len(ims) for ims in images])
+        else:
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            vision = VisionInputs(images_per_seq=[0] * len(texts))
+        return enc["input_ids"], enc["attention_mask"], vision
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens added)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int] | Tensor) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -------------------------------------------------------------------------------------- generation
+    def _model_inputs(self, ids: Tensor, mask: Tensor, vision: VisionInputs, model) -> dict[str, Any]:
+        """Keyword arguments of a forward / generate call for ids (N, L) and their images."""
+        kw: dict[str, Any] = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        if not vision.empty:
+            v = vision.to(self.device, dtype=next(model.parameters()).dtype)
+            kw["pixel_values"] = v.pixel_values
+            kw["image_grid_thw"] = v.image_grid_thw
+        if self.image_token_id is not None:
+            # 0 text, 1 image, 2 video: Qwen-VL models need it for their 3-D (M-RoPE) positions
+            tt = torch.zeros_like(ids, dtype=torch.int)  # (N, L)
+            tt[ids == self.image_token_id] = 1
+            if self.video_token_id is not None:
+                tt[ids == self.video_token_id] = 2
+            kw["mm_token_type_ids"] = tt.to(self.device)
+        return kw
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        vision: VisionInputs,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+    ) -> tuple[list[list[int]], list[bool]]:
+        """Sample one continuation per row (temperature 0 = greedy).
+
+        Returns per row the generated ids up to and including the first end-of-turn token, and whether
+        that token was produced (False: the episode hit max_new_tokens, i.e. it is truncated).
+        """
+        model = self.model
+        was_training = model.training
+        model.eval()
+        greedy = temperature <= 0
+        gen_kw: dict[str, Any] = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            suppress_tokens=self.suppress_ids or None,
+        )
+        if not greedy:
+            gen_kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
+        else:
+            gen_kw.update(temperature=None, top_p=None, top_k=None)
+        out = model.generate(**self._model_inputs(prompt_ids, prompt_mask, vision, model), **gen_kw)
+        model.train(was_training)
+        new = out[:, prompt_ids.shape[1] :].tolist()  # (N, <= max_new_tokens)
+        completions, finished = [], []
+        for row in new:
+            if self.eos_token_id in row:
+                cut = row.index(self.eos_token_id) + 1
+                completions.append(row[:cut])
+                finished.append(True)
+            else:
+                completions.append(row)
+                finished.append(False)
+        return completions, finished
+
+    # --------------------------------------------------------------------------------------- log-probs
+    def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0, reference: bool = False) -> Tensor:
+        """Per-token log-probs of ``batch.response_ids`` under the policy (or the reference): (N, T).
+
+        Differentiable for the policy; no graph for the reference. Positions outside response_mask hold
+        garbage that callers mask out.
+        """
+        model = self.reference if reference else self.model
+        if model is None:
+            raise RuntimeError("no reference model: call make_reference() (only needed when beta > 0)")
+        ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P + T)
+        mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # (N, P + T)
+        T = batch.response_ids.shape[1]
+        kw = self._model_inputs(ids, mask, batch.vision, model)
+        with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
+            logits = model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
+            logits = logits[:, :-1, :]  # (N, T, V) logits at column P+t-1 predict response token t
+            return token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
+
+    # ------------------------------------------------------------------------------------------ saving
+    def save(self, out_dir: str | Path) -> None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.processor.save_pretrained(out)
+
+
+def _text_of(content: list[dict] | str) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+
+
+def _images_of(messages: list[dict]) -> list:
+    return [
+        p["image"]
+        for m in messages
+        if not isinstance(m["content"], str)
+        for p in m["content"]
+        if p.get("type") == "image"
+    ]

@@ -1,0 +1,222 @@
+"""Build a tiny, offline vision-language model: a real Qwen2.5-VL with a small config.
+
+The demo, the tests and the benchmarks cannot download anything, so mmgrpo builds its own model: the
+transformers ``Qwen2_5_VLForConditionalGeneration`` architecture (the same code that runs
+Qwen/Qwen2.5-VL-3B-Instruct) with a few hundred thousand parameters, a byte-level BPE tokenizer trained
+here on a small built-in corpus, the stock Qwen2-VL image and video processors and a Qwen-style chat
+template. Everything is saved with ``save_pretrained``, so ``AutoProcessor.from_pretrained(out)`` and
+``AutoModelForImageTextToText.from_pretrained(out)`` load it exactly like a hub checkpoint, and every other
+part of mmgrpo uses it through the same code path as a real model.
+
+Departures from the real Qwen tokenizer, on purpose: the vocabulary is a few hundred tokens, digits are
+split one per token (as Qwen does), and the tags ``<answer>``, ``</answer>``, ``<think>``, ``</think>``,
+``<tool_call>``, ``</tool_call>`` are single added tokens so that a tiny model's answers are short.
+
+Run: ``mmgrpo tiny-model runs/tiny-model`` (deterministic for a given ``--seed``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Special tokens of the Qwen2.5-VL vocabulary, in the order Qwen assigns them after the BPE merges.
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+# Tags that tasks use; single tokens, decoded as text (not "special", so they survive skip_special_tokens).
+TAG_TOKENS = ["<answer>", "</answer>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+
+# A Qwen-style chat template. Content is a string or a list of parts {"type": "text"|"image", ...}.
+# Unlike the real Qwen template it adds no default system prompt, so that a run of later messages renders
+# to exactly the tokens that follow the earlier ones (multi-turn episodes append without re-encoding).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_WORDS = (
+    "how many are there in the image picture scene count objects object question answer reply with "
+    "number only inside e.g. you a an is of and or to what which where color colour shape shapes "
+    "red green blue yellow orange purple black white gray grey brown pink cyan "
+    "circle circles square squares triangle triangles star stars box boxes dot dots ball balls "
+    "left right top bottom middle center above below next large small big tiny "
+    "system user assistant tool call result error true false yes no none zero one two three four five "
+    "six seven eight nine ten think step first then so total plus minus times equals "
+    "Count the objects the question asks about. Reply with the number only, e.g. "
+    "You are a helpful assistant. Solve the problem. What is"
+)
+
+
+@dataclass
+class TinyModelSpec:
+    """Sizes of the tiny Qwen2.5-VL. Defaults give about 0.9M parameters."""
+
+    seed: int = 0
+    vocab_size: int = 512
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    vision_hidden_size: int = 64
+    vision_depth: int = 2
+    vision_heads: int = 2
+    vision_intermediate_size: int = 128
+    min_pixels: int = 28 * 28 * 4
+    max_pixels: int = 28 * 28 * 16
+    max_position_embeddings: int = 2048
+
+
+def _corpus() -> list[str]:
+    """A small, fixed training corpus for the BPE tokenizer (order matters for determinism)."""
+    lines = [_WORDS, "system\nuser\nassistant\ntool\n", "\nsystem\n\nuser\n\nassistant\n"]
+    for n in range(0, 101):
+        lines.append(f"{n} <answer>{n}</answer> How many? {n}")
+    lines.append(" ".join(chr(c) for c in range(32, 127)))
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer with the Qwen special tokens, trained offline on ``_corpus()``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(SPECIAL_TOKENS) - len(TAG_TOKENS),
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+    fast.add_tokens(TAG_TOKENS)
+    fast.padding_side = "left"
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_processor(tokenizer, spec: TinyModelSpec):
+    """The stock Qwen2.5-VL processor (image + video processors) around our tokenizer."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
+    image_processor = Qwen2VLImageProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
+    video_processor = Qwen2VLVideoProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
+    return Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_config(tokenizer, spec: TinyModelSpec):
+    """A Qwen2_5_VLConfig with small sizes whose token ids point into ``tokenizer``."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = spec.hidden_size // spec.num_heads  # 32
+    half = head_dim // 2  # mrope splits head_dim/2 rotary frequencies into (temporal, height, width)
+    mrope_section = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]  # 16 -> [4, 6, 6]
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section},
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True,
+    )
+    vision = dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden_size,
+        intermediate_size=spec.vision_intermediate_size,
+        num_heads=spec.vision_heads,
+        out_hidden_size=spec.hidden_size,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=112,
+        fullatt_block_indexes=[spec.vision_depth - 1],
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Build and save the tiny model, tokenizer and processor to ``out_dir``; returns the path.
+
+    Deterministic: the same spec (seed included) gives byte-identical weights and tokenizer files.
+    """
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    spec = spec or TinyModelSpec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec.vocab_size)
+    processor = build_processor(tokenizer, spec)
+    config = build_config(tokenizer, spec)
+    devices = []  # fork the RNG so building a model does not disturb the caller's random state
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(spec.seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    model.generation_config.bos_token_id = config.text_config.bos_token_id
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "mmgrpo_tiny.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+    return out
+
+
+def is_model_dir(path: str | Path) -> bool:
+    """True when ``path`` holds a saved model (config and weights)."""
+    p = Path(path)
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

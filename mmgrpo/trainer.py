@@ -1,0 +1,272 @@
+"""The GRPO loop: rollout -> rewards -> group advantages -> clipped, KL-regularised update.
+
+One step (GRPO.md section 1):
+  1. B = grpo.tasks_per_step training tasks, G = grpo.group_size episodes each (``rollout``);
+  2. verifiers score every episode; rewards are combined with their weights;
+  3. advantages are normalised within each group, over the whole batch, BEFORE any micro-batch split;
+  4. reference log-probs (beta > 0) and old log-probs (num_iterations > 1) are computed without grad;
+  5. num_iterations passes; each pass splits the N = B * G rows into micro-batches, accumulates gradients
+     with the loss normalised by whole-batch totals (so the sum over micro-batches is the full-batch loss),
+     clips the gradient norm and takes one optimizer step.
+Metrics go to ``{output_dir}/metrics.jsonl``, one JSON object per step; the final policy, its processor and
+the resolved config go to ``{output_dir}/final``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmgrpo.advantages import group_advantages, group_stats
+from mmgrpo.config import Config, save_config
+from mmgrpo.env import ChatEnv
+from mmgrpo.errors import ConfigError
+from mmgrpo.losses import grpo_loss
+from mmgrpo.policy import Policy, TokenBatch
+from mmgrpo.registry import make_env, make_verifier
+from mmgrpo.rollout import rollout
+from mmgrpo.verifier import Rewards
+
+
+def build_env_factory(cfg: Config) -> Callable[[], ChatEnv]:
+    """A zero-argument env factory; builds one env now so bad kwargs fail before any model loads."""
+    make_env(cfg.env.name, **cfg.env.kwargs)
+    return lambda: make_env(cfg.env.name, **cfg.env.kwargs)
+
+
+def build_rewards(cfg: Config) -> Rewards:
+    return Rewards([make_verifier(v.name, weight=v.weight, **v.kwargs) for v in cfg.verifiers])
+
+
+def eval_metric(cfg: Config) -> str:
+    """The verifier whose score is the accuracy: eval.metric, or the first verifier of the config."""
+    names = [v.name for v in cfg.verifiers]
+    metric = cfg.eval.metric or (names[0] if names else "")
+    if metric not in names:
+        raise ConfigError(f"eval.metric='{metric}' is not one of the configured verifiers {names}")
+    return metric
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_policy(cfg: Config, model_path: str | None = None) -> Policy:
+    path = model_path or cfg.require_model()
+    return Policy.from_pretrained(
+        path,
+        dtype=cfg.model.dtype,
+        device=resolve_device(cfg.model.device),
+        min_pixels=cfg.model.min_pixels,
+        max_pixels=cfg.model.max_pixels,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
+
+
+class Trainer:
+    """Runs GRPO for ``cfg.grpo.steps`` steps on one process (Accelerate handles device placement)."""
+
+    def __init__(self, cfg: Config, *, policy: Policy | None = None, progress: bool = True):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+        from transformers import get_scheduler
+
+        self.cfg = cfg
+        self.progress = progress
+        g = cfg.grpo
+        # everything that can be wrong with the config fails here, before a model is loaded
+        self.make_env = build_env_factory(cfg)
+        self.rewards = build_rewards(cfg)
+        self.metric = eval_metric(cfg)
+        set_seed(cfg.seed)
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.policy = policy or load_policy(cfg)
+        device = str(self.policy.device)
+        self.accelerator = Accelerator(cpu=device == "cpu")
+        self.optimizer = torch.optim.AdamW(
+            self.policy.model.parameters(), lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay
+        )
+        self.scheduler = get_scheduler(
+            g.lr_schedule,
+            self.optimizer,
+            num_warmup_steps=g.warmup_steps,
+            num_training_steps=g.steps * g.num_iterations,
+        )
+        self.policy.model, self.optimizer, self.scheduler = self.accelerator.prepare(
+            self.policy.model, self.optimizer, self.scheduler
+        )
+        self.envs = [self.make_env() for _ in range(g.episodes_per_step)]
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.step = 0
+
+    # ------------------------------------------------------------------------------------------ logging
+    def log(self, record: dict[str, Any]) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # --------------------------------------------------------------------------------------- one step
+    def task_seeds(self, step: int) -> list[int]:
+        B = self.cfg.grpo.tasks_per_step
+        return [step * B + b for b in range(B)]
+
+    def train_step(self) -> dict[str, Any]:
+        g, policy = self.cfg.grpo, self.policy
+        t0 = time.perf_counter()
+        batch = rollout(
+            policy,
+            self.envs,
+            self.task_seeds(self.step),
+            group_size=g.group_size,
+            split="train",
+            max_new_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            max_turns=self.cfg.env.max_turns,
+        )
+        t_rollout = time.perf_counter() - t0
+        scored = self.rewards.score(batch.episodes)
+        rewards = scored.total  # (N,)
+        adv = group_advantages(
+            rewards, g.group_size, baseline=g.baseline, scale=g.scale, eps=g.adv_eps
+        )  # (N,)
+        tokens = batch.tokens
+        N = len(tokens)
+        loss_mask = tokens.loss_mask  # (N, T)
+        num_tokens = int(loss_mask.sum())
+        mbs = [list(range(i, min(i + g.micro_batch_size, N))) for i in range(0, N, g.micro_batch_size)]
+
+        t1 = time.perf_counter()
+        ref_lp, old_lp = [], []
+        with torch.no_grad():
+            for rows in mbs:
+                mb = tokens.select(rows)
+                ref_lp.append(
+                    policy.logprobs(mb, temperature=g.temperature, reference=True) if g.beta > 0 else None
+                )
+                old_lp.append(
+                    policy.logprobs(mb, temperature=g.temperature) if g.num_iterations > 1 else None
+                )
+
+        stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0}
+        grad_norm = 0.0
+        policy.model.train()
+        for _ in range(g.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for k, rows in enumerate(mbs):
+                mb: TokenBatch = tokens.select(rows)
+                logp = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
+                out = grpo_loss(
+                    logp,
+                    old_lp[k],
+                    ref_lp[k],
+                    adv[rows].to(logp.device),
+                    mb.loss_mask.to(logp.device),
+                    clip_eps_low=g.clip_eps_low,
+                    clip_eps_high=g.clip_eps_high,
+                    beta=g.beta,
+                    aggregation=g.aggregation,
+                    importance=g.importance,
+                    dual_clip=g.dual_clip,
+                    num_sequences=N,
+                    num_tokens=num_tokens,
+                    max_new_tokens=g.max_new_tokens,
+                )
+                self.accelerator.backward(out.loss)
+                share = mb.loss_mask.sum().item() / max(num_tokens, 1) / g.num_iterations
+                stats["loss"] += float(out.loss.detach()) / g.num_iterations
+                for key in ("kl", "clip_frac", "ratio_mean"):
+                    stats[key] += float(getattr(out, key)) * share
+            grad_norm = float(self.accelerator.clip_grad_norm_(policy.model.parameters(), g.max_grad_norm))
+            self.optimizer.step()
+            self.scheduler.step()
+        t_train = time.perf_counter() - t1
+
+        lengths = [t.num_policy_tokens for t in batch.trajectories]
+        record: dict[str, Any] = {
+            "step": self.step + 1,
+            "reward": float(rewards.mean()),
+            **{f"reward/{k}": float(v.mean()) for k, v in scored.per_verifier.items()},
+            **group_stats(rewards, g.group_size),
+            "adv_abs_mean": float(adv.abs().mean()),
+            **stats,
+            "grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "completion_len": sum(lengths) / len(lengths),
+            "truncated_frac": sum(t.truncated for t in batch.trajectories) / N,
+            "verifier_failures": sum(scored.failures.values()),
+            "env_errors": sum(t.env_error is not None for t in batch.trajectories),
+            "rollout_time": t_rollout,
+            "train_time": t_train,
+            "step_time": time.perf_counter() - t0,
+        }
+        self.step += 1
+        return record
+
+    # -------------------------------------------------------------------------------------------- loop
+    def train(self) -> dict[str, Any]:
+        """Run all steps; returns the last step's metrics."""
+        from tqdm.auto import tqdm
+
+        g = self.cfg.grpo
+        if g.beta > 0 and self.policy.reference is None:
+            self.policy.make_reference()
+        save_config(self.cfg, self.out / "config.yaml")
+        record: dict[str, Any] = {}
+        bar = tqdm(total=g.steps, initial=self.step, desc="grpo", unit="step", disable=not self.progress)
+        while self.step < g.steps:
+            record = self.train_step()
+            if not math.isfinite(record["loss"]):
+                raise FloatingPointError(
+                    f"step {self.step}: loss is {record['loss']}; lower grpo.lr or raise grpo.beta "
+                    "(see the troubleshooting table in GRPO.md)"
+                )
+            if g.eval_every and self.step % g.eval_every == 0:
+                record["eval_accuracy"] = self.evaluate(g.eval_episodes).accuracy
+            if self.step % g.log_every == 0 or self.step == g.steps:
+                self.log(record)
+            if g.save_every and self.step % g.save_every == 0:
+                self.save(self.out / f"checkpoint-{self.step}")
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{record['reward']:.2f}",
+                kl=f"{record['kl']:.3f}",
+                zero_std=f"{record['frac_zero_std_groups']:.2f}",
+            )
+        bar.close()
+        self.save(self.out / "final")
+        return record
+
+    def evaluate(self, episodes: int | None = None):
+        from mmgrpo.evaluate import evaluate
+
+        e = self.cfg.eval
+        return evaluate(
+            self.policy,
+            self.make_env,
+            self.rewards,
+            episodes=episodes or e.episodes,
+            metric=self.metric,
+            batch_size=e.batch_size,
+            max_new_tokens=e.max_new_tokens,
+            temperature=e.temperature,
+            seed_offset=e.seed_offset,
+            progress=self.progress,
+        )
+
+    def save(self, out_dir: Path) -> None:
+        model = self.accelerator.unwrap_model(self.policy.model)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir)
+        self.policy.processor.save_pretrained(out_dir)
+        save_config(self.cfg, out_dir / "mmgrpo_config.yaml")
