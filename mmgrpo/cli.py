@@ -76,6 +76,7 @@ def _warm_start(trainer, cfg, progress: bool) -> float:
         low=w.random_low,
         high=w.random_high,
         seed=cfg.seed,
+        train_vision=w.train_vision,
         progress=progress,
         log=trainer.log,
     )

@@ -58,6 +58,10 @@ class ModelConfig(Section):
     """Upper bound of the processor's image budget in pixels; fewer pixels = fewer image tokens, less memory."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about 30% slower."""
+    freeze_vision: bool = False
+    """Keep the vision encoder (and its projector) fixed and train the language side only, as EasyR1's
+    freeze_vision_tower. The tiny demo needs it: measured, training its randomly initialised encoder
+    collapses the image features and the policy never learns to count."""
     trust_remote_code: bool = False
     """Allow the model repository to run its own Python code (only for models you trust)."""
 
@@ -233,6 +237,9 @@ class WarmStartConfig(Section):
     """Smallest random answer."""
     random_high: int = 5
     """Largest random answer."""
+    train_vision: bool = False
+    """Also train the vision encoder. Off by default: format-only targets carry no visual signal, and
+    training the encoder on them collapses its features (measured on the tiny model)."""
 
     @property
     def enabled(self) -> bool:

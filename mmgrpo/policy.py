@@ -31,6 +31,10 @@ from mmgrpo.errors import ConfigError, DataError
 from mmgrpo.losses import token_logprobs
 
 
+# name fragments of vision-encoder parameters across HF families (Qwen-VL "visual", LLaVA "vision_tower", ...)
+VISION_PARAM_KEYS = ("visual.", "vision_tower", "vision_model", "multi_modal_projector")
+
+
 @dataclass
 class VisionInputs:
     """Processor outputs for the images of a batch, in sequence order.
@@ -85,6 +89,8 @@ class TokenBatch:
     prompt_ids (N, P) left-padded; prompt_mask (N, P) 1 on real tokens
     response_ids (N, T) right-padded; response_mask (N, T) 1 on real tokens
     loss_mask (N, T) 1 only on policy-generated tokens (0 on padding and environment tokens)
+    prompt_key: per row, an id of its prompt; rows with the same key have identical prompt tokens and
+                images (the G episodes of a group), which lets ``Policy.logprobs`` encode the prompt once.
     """
 
     prompt_ids: Tensor
@@ -93,6 +99,7 @@ class TokenBatch:
     response_mask: Tensor
     loss_mask: Tensor
     vision: VisionInputs
+    prompt_key: list[int] | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -111,7 +118,21 @@ class TokenBatch:
             response_mask=rm[:, :t_keep],
             loss_mask=self.loss_mask[idx][:, :t_keep],
             vision=self.vision.select(rows),
+            prompt_key=[self.prompt_key[r] for r in rows] if self.prompt_key is not None else None,
         )
+
+    def shared_prompt_runs(self) -> int:
+        """G when the rows come in consecutive runs of G (> 1) rows sharing one prompt, else 1."""
+        keys = self.prompt_key
+        if not keys:
+            return 1
+        G = next((i for i, k in enumerate(keys) if k != keys[0]), len(keys))
+        if G < 2 or len(keys) % G:
+            return 1
+        runs = [keys[i : i + G] for i in range(0, len(keys), G)]
+        if any(len(set(r)) != 1 for r in runs) or len({r[0] for r in runs}) != len(runs):
+            return 1
+        return G
 
 
 def pad_right(seqs: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
@@ -194,6 +215,17 @@ class Policy:
         ref.requires_grad_(False)
         ref.eval()
         self.reference = ref
+
+    def freeze_vision(self) -> int:
+        """Stop gradients into the vision encoder; returns how many parameters were frozen."""
+        frozen = [p for n, p in self.model.named_parameters() if any(k in n for k in VISION_PARAM_KEYS)]
+        for p in frozen:
+            p.requires_grad_(False)
+        return sum(p.numel() for p in frozen)
+
+    def language_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters outside the vision encoder (and its projector), e.g. to train the text side only."""
+        return [p for n, p in self.model.named_parameters() if not any(k in n for k in VISION_PARAM_KEYS)]
 
     @property
     def tokenizer(self):
@@ -309,23 +341,82 @@ class Policy:
         return completions, finished
 
     # --------------------------------------------------------------------------------------- log-probs
-    def logprobs(self, batch: TokenBatch, *, temperature: float = 1.0, reference: bool = False) -> Tensor:
+    def logprobs(
+        self,
+        batch: TokenBatch,
+        *,
+        temperature: float = 1.0,
+        reference: bool = False,
+        share_prompt: bool = True,
+    ) -> Tensor:
         """Per-token log-probs of ``batch.response_ids`` under the policy (or the reference): (N, T).
 
         Differentiable for the policy; no graph for the reference. Positions outside response_mask hold
-        garbage that callers mask out.
+        garbage that callers mask out. When rows come in groups sharing a prompt (``prompt_key``) and
+        ``share_prompt`` is on, each prompt (and its images) is encoded once and its key/value cache is
+        repeated for the G responses: the same numbers and gradients, a fraction of the compute.
         """
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("no reference model: call make_reference() (only needed when beta > 0)")
+        G = batch.shared_prompt_runs() if share_prompt else 1
+        with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
+            if G > 1:
+                logits = self._response_logits_shared(model, batch, G)  # (N, T, V)
+            else:
+                logits = self._response_logits_full(model, batch)  # (N, T, V)
+            return token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
+
+    def _uses_mrope(self, model) -> bool:
+        """Qwen-VL family: 3-D rotary positions, with a per-row offset (rope_deltas) after the images."""
+        inner = getattr(getattr(model, "module", model), "model", None)
+        return hasattr(inner, "rope_deltas")
+
+    def _text_positions(self, mask: Tensor, model) -> Tensor:
+        """Positions that skip left padding: (N, L), or (3, N, L) for M-RoPE models."""
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0).to(self.device)  # (N, L)
+        return pos.unsqueeze(0).expand(3, -1, -1) if self._uses_mrope(model) else pos
+
+    def _response_logits_full(self, model, batch: TokenBatch) -> Tensor:
+        """One forward over prompt + response: logits predicting each response token, (N, T, V)."""
         ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P + T)
         mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # (N, P + T)
         T = batch.response_ids.shape[1]
         kw = self._model_inputs(ids, mask, batch.vision, model)
-        with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
-            logits = model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
-            logits = logits[:, :-1, :]  # (N, T, V) logits at column P+t-1 predict response token t
-            return token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
+        if batch.vision.empty or not self._uses_mrope(model):
+            kw["position_ids"] = self._text_positions(mask, model)
+        logits = model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
+        return logits[:, :-1, :]  # (N, T, V): logits at column P+t-1 predict response token t
+
+    def _response_logits_shared(self, model, batch: TokenBatch, G: int) -> Tensor:
+        """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses."""
+        N, P = batch.prompt_ids.shape
+        heads = list(range(0, N, G))  # first row of each group
+        pv = batch.vision.select(heads)
+        p_ids, p_mask = batch.prompt_ids[heads], batch.prompt_mask[heads]  # (B, P)
+        kw = self._model_inputs(p_ids, p_mask, pv, model)
+        mrope_images = self._uses_mrope(model) and not pv.empty
+        if not mrope_images:
+            kw["position_ids"] = self._text_positions(p_mask, model)
+        out = model(**kw, logits_to_keep=1, use_cache=True)
+        first = out.logits[:, -1:, :].repeat_interleave(G, dim=0)  # (N, 1, V) predicts response token 0
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(G)  # (B, ...) -> (N, ...), differentiable
+        full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(self.device)  # (N, P + T)
+        pos = (full_mask.long().cumsum(-1) - 1)[:, P:]  # (N, T) text positions of the response
+        if mrope_images:
+            delta = getattr(model, "module", model).model.rope_deltas  # (B, 1) offset left by the images
+            pos = pos + delta.to(pos.device).repeat_interleave(G, dim=0)  # (N, T)
+        if self._uses_mrope(model):
+            pos = pos.unsqueeze(0).expand(3, -1, -1)  # (3, N, T)
+        rest = model(
+            input_ids=batch.response_ids.to(self.device),
+            attention_mask=full_mask,
+            position_ids=pos,
+            **{_cache_kwarg(model): cache},
+            use_cache=True,
+        ).logits  # (N, T, V): column t predicts response token t + 1
+        return torch.cat([first, rest[:, :-1, :]], dim=1)  # (N, T, V)
 
     # ------------------------------------------------------------------------------------------ saving
     def save(self, out_dir: str | Path) -> None:
@@ -333,6 +424,14 @@ class Policy:
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
         self.processor.save_pretrained(out)
+
+
+def _cache_kwarg(model) -> str:
+    """The forward keyword that takes a KV cache: ``cache`` in recent transformers, else past_key_values."""
+    import inspect
+
+    params = inspect.signature(getattr(model, "module", model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _text_of(content: list[dict] | str) -> str:

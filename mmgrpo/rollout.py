@@ -150,5 +150,7 @@ def rollout(
 
     response_ids, response_mask = pad_right([t.response_ids for t in trajectories], policy.pad_token_id)
     loss_mask, _ = pad_right([t.loss_mask for t in trajectories], 0)  # (N, T)
-    tokens = TokenBatch(row_ids, row_mask, response_ids, response_mask, loss_mask, row_vision)
+    tokens = TokenBatch(
+        row_ids, row_mask, response_ids, response_mask, loss_mask, row_vision, prompt_key=rows
+    )
     return RolloutBatch(trajectories, tokens, G)

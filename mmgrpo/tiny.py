@@ -62,6 +62,14 @@ _WORDS = (
     "Count the objects the question asks about. Reply with the number only, e.g. "
     "You are a helpful assistant. Solve the problem. What is"
 )
+# Prompts of the built-in tasks, so that their words are single tokens (shorter, faster sequences).
+_PROMPTS = [
+    "Count the objects the question asks about. Reply with the number only, inside <answer></answer>, "
+    "e.g. <answer>3</answer>.",
+    "How many {c} {s}s are in the image?",
+]
+_COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
+_SHAPES = ["circle", "square", "triangle", "diamond"]
 
 
 @dataclass
@@ -69,7 +77,7 @@ class TinyModelSpec:
     """Sizes of the tiny Qwen2.5-VL. Defaults give about 0.9M parameters."""
 
     seed: int = 0
-    vocab_size: int = 512
+    vocab_size: int = 1024
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -87,13 +95,16 @@ class TinyModelSpec:
 def _corpus() -> list[str]:
     """A small, fixed training corpus for the BPE tokenizer (order matters for determinism)."""
     lines = [_WORDS, "system\nuser\nassistant\ntool\n", "\nsystem\n\nuser\n\nassistant\n"]
+    for _ in range(20):  # repetition makes the prompt words win merges over rarer byte pairs
+        lines.append(_PROMPTS[0])
+        lines += [_PROMPTS[1].format(c=c, s=s) for c in _COLORS for s in _SHAPES]
     for n in range(0, 101):
         lines.append(f"{n} <answer>{n}</answer> How many? {n}")
     lines.append(" ".join(chr(c) for c in range(32, 127)))
     return lines
 
 
-def build_tokenizer(vocab_size: int = 512):
+def build_tokenizer(vocab_size: int = 1024):
     """A byte-level BPE tokenizer with the Qwen special tokens, trained offline on ``_corpus()``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -91,10 +91,15 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.policy = policy or load_policy(cfg)
+        if cfg.model.freeze_vision:
+            self.policy.freeze_vision()
         device = str(self.policy.device)
         self.accelerator = Accelerator(cpu=device == "cpu")
         self.optimizer = torch.optim.AdamW(
-            self.policy.model.parameters(), lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay
+            [p for p in self.policy.model.parameters() if p.requires_grad],
+            lr=g.lr,
+            betas=tuple(g.betas),
+            weight_decay=g.weight_decay,
         )
         self.scheduler = get_scheduler(
             g.lr_schedule,

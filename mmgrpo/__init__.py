@@ -1,0 +1,69 @@
+"""mmgrpo: GRPO for vision-language and text models, with environments and verifiers.
+
+Importing mmgrpo is cheap and has no side effects: the names below are loaded on first use.
+
+    from mmgrpo import load_config, Trainer
+    trainer = Trainer(load_config("examples/counting_tiny.yaml", ["model.path=runs/tiny-model"]))
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # config
+    "Config": "mmgrpo.config",
+    "load_config": "mmgrpo.config",
+    "save_config": "mmgrpo.config",
+    # environments
+    "ChatEnv": "mmgrpo.env",
+    "SingleTurnEnv": "mmgrpo.env",
+    "Task": "mmgrpo.env",
+    "check_env": "mmgrpo.env",
+    # verifiers
+    "Episode": "mmgrpo.verifier",
+    "Verifier": "mmgrpo.verifier",
+    "Rewards": "mmgrpo.verifier",
+    "from_trl": "mmgrpo.verifier",
+    "check_verifier": "mmgrpo.verifier",
+    # registry
+    "register_env": "mmgrpo.registry",
+    "make_env": "mmgrpo.registry",
+    "list_envs": "mmgrpo.registry",
+    "register_verifier": "mmgrpo.registry",
+    "make_verifier": "mmgrpo.registry",
+    "list_verifiers": "mmgrpo.registry",
+    # math
+    "group_advantages": "mmgrpo.advantages",
+    "grpo_loss": "mmgrpo.losses",
+    # model, rollout, training
+    "Policy": "mmgrpo.policy",
+    "rollout": "mmgrpo.rollout",
+    "Trajectory": "mmgrpo.rollout",
+    "Trainer": "mmgrpo.trainer",
+    "evaluate": "mmgrpo.evaluate",
+    "build_tiny_model": "mmgrpo.tiny",
+    # errors
+    "MmgrpoError": "mmgrpo.errors",
+    "ConfigError": "mmgrpo.errors",
+    "RegistryError": "mmgrpo.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mmgrpo' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,123 @@
+"""The tiny model, the Policy's log-probs and the rollout's token bookkeeping."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from mmgrpo.envs.counting import CountingEnv
+from mmgrpo.policy import Policy
+from mmgrpo.rollout import rollout
+from mmgrpo.tiny import TinyModelSpec, build_tiny_model, count_parameters
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_tiny_model_loads_with_auto_classes_and_is_small(tiny_model_dir):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(processor).__name__ == "Qwen2_5_VLProcessor"
+    assert count_parameters(model) < 10_000_000
+    tok = processor.tokenizer
+    for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        assert getattr(model.config, name) < len(tok)
+    assert model.config.text_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.decode(tok("<answer>42</answer>")["input_ids"]) == "<answer>42</answer>"
+
+
+def test_tiny_model_is_deterministic_per_seed(tiny_model_dir, tmp_path):
+    again = build_tiny_model(tmp_path / "again")
+    other = build_tiny_model(tmp_path / "other", TinyModelSpec(seed=1))
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert _digest(again / name) == _digest(tiny_model_dir / name)
+    assert _digest(other / "model.safetensors") != _digest(tiny_model_dir / "model.safetensors")
+    assert json.loads((again / "mmgrpo_tiny.json").read_text())["seed"] == 0
+
+
+def test_image_of_112_pixels_gives_16_tokens(tiny_policy):
+    env = CountingEnv()
+    obs, _ = env.reset(seed=0)
+    ids, mask, vision = tiny_policy.encode_prompts([obs])
+    assert int((ids == tiny_policy.image_token_id).sum()) == 16
+    assert vision.image_grid_thw.tolist() == [[1, 8, 8]]
+
+
+@pytest.fixture
+def counting_batch(tiny_policy):
+    torch.manual_seed(0)
+    envs = [CountingEnv(distractors=2) for _ in range(12)]
+    return rollout(tiny_policy, envs, [0, 1, 2], group_size=4, max_new_tokens=6, temperature=1.0)
+
+
+def test_rollout_masks_only_sampled_tokens(counting_batch, tiny_policy):
+    tok = counting_batch.tokens
+    assert len(tok) == 12 and tok.shared_prompt_runs() == 4
+    for i, t in enumerate(counting_batch.trajectories):
+        n = len(t.response_ids)
+        assert tok.response_ids[i, :n].tolist() == t.response_ids  # the sampled ids, not a re-encoding
+        assert tok.loss_mask[i].tolist() == [1] * n + [0] * (tok.loss_mask.shape[1] - n)
+        assert t.group == i // 4
+        assert t.truncated == (tiny_policy.eos_token_id not in t.response_ids)
+        assert tiny_policy.image_token_id not in t.response_ids  # placeholders are never sampled
+
+
+def test_shared_prompt_logprobs_equal_full_forward(counting_batch, tiny_policy):
+    """Encoding each prompt once and repeating its KV cache gives the same numbers and gradients."""
+    tok, model = counting_batch.tokens, tiny_policy.model
+    mask = tok.loss_mask.bool()
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        lp = tiny_policy.logprobs(tok, share_prompt=share)  # (N, T)
+        torch.where(mask, lp, 0.0).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((torch.where(mask, lp, 0.0).detach(), grad))
+    model.zero_grad()
+    (lp_full, g_full), (lp_shared, g_shared) = results
+    torch.testing.assert_close(lp_shared, lp_full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_shared, g_full, atol=1e-4, rtol=1e-3)
+
+
+def test_greedy_tokens_are_the_argmax_of_the_training_forward(tiny_policy):
+    """Positions line up: with prompts of different lengths (left padding) the ids generated greedily are
+    the argmax of the logits the loss reads, at every response position."""
+    long_q = "Please look closely and count every {color} {shape} you can see in this image."
+    envs = [CountingEnv(question=long_q) if i % 2 else CountingEnv() for i in range(6)]
+    batch = rollout(tiny_policy, envs, list(range(6)), group_size=1, max_new_tokens=5, temperature=0.0)
+    tok = batch.tokens
+    assert len(set(tok.prompt_mask.sum(1).tolist())) > 1, "want prompts of different lengths"
+    with torch.no_grad():
+        ids = torch.cat([tok.prompt_ids, tok.response_ids], 1)
+        mask = torch.cat([tok.prompt_mask, tok.response_mask], 1)
+        kw = tiny_policy._model_inputs(ids, mask, tok.vision, tiny_policy.model)
+        T = tok.response_ids.shape[1]
+        logits = tiny_policy.model(**kw, logits_to_keep=T + 1).logits[:, :-1]  # (N, T, V)
+        lp = tiny_policy.logprobs(tok)
+    top = logits.argmax(-1)
+    m = tok.loss_mask.bool()
+    assert torch.equal(top[m], tok.response_ids[m])
+    assert torch.all(lp[m] <= 0)
+
+
+def test_text_only_prompt_runs_on_vision_model(tiny_policy):
+    prompts = [[{"role": "user", "content": [{"type": "text", "text": "What is two plus two?"}]}]] * 2
+    ids, mask, vision = tiny_policy.encode_prompts(prompts)
+    assert vision.empty
+    comps, done = tiny_policy.generate(ids, mask, vision, max_new_tokens=3, temperature=1.0)
+    assert len(comps) == 2 and all(1 <= len(c) <= 3 for c in comps)
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    from mmgrpo.errors import ConfigError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="mmgrpo tiny-model"):
+        Policy.from_pretrained(tmp_path / "empty")
