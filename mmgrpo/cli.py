@@ -39,6 +39,13 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    from mmgrpo.config import config_reference
+
+    print(config_reference(markdown=args.markdown))
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from mmgrpo.registry import describe
 
@@ -166,7 +173,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     model_dir = out / "tiny-model"
     if not is_model_dir(model_dir):
         build_tiny_model(model_dir)
-        print(f"demo: built the tiny Qwen2.5-VL in {model_dir}")
+        print(f"demo: built the tiny Qwen2.5-VL in {model_dir}", flush=True)
     config = Path(args.config) if args.config else _find_demo_config()
     overrides = [f"model.path={model_dir}", f"output_dir={out / 'run'}", *args.set]
     cfg = load_config(config, overrides)
@@ -176,7 +183,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, progress=not args.no_progress)
     n = cfg.eval.episodes
     base = trainer.evaluate()
-    print(f"demo: freshly built model accuracy={base.accuracy:.3f} (n={n})")
+    print(f"demo: freshly built model accuracy={base.accuracy:.3f} (n={n})", flush=True)
     if cfg.warm_start.steps > 0:
         _warm_start(trainer, cfg, progress=not args.no_progress)
     before = trainer.evaluate()
@@ -194,8 +201,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "seconds": time.perf_counter() - t0,
     }
     (run_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"demo: {cfg.grpo.steps} GRPO steps in {summary['seconds']:.0f} s; run directory {run_dir}")
-    print(f"demo: accuracy before={before.accuracy:.3f} after={after.accuracy:.3f} (n={n})")
+    print(
+        f"demo: {cfg.grpo.steps} GRPO steps in {summary['seconds']:.0f} s; run directory {run_dir}",
+        flush=True,
+    )
+    print(f"demo: accuracy before={before.accuracy:.3f} after={after.accuracy:.3f} (n={n})", flush=True)
     return 0
 
 
@@ -232,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("list", help="registered environments and verifiers")
     sp.set_defaults(fn=cmd_list)
+
+    sp = sub.add_parser("config-reference", help="every config key with its type, default and meaning")
+    sp.add_argument("--markdown", action="store_true", help="as the markdown table of docs/config.md")
+    sp.set_defaults(fn=cmd_config_reference)
 
     sp = sub.add_parser("tiny-model", help="build the tiny offline Qwen2.5-VL")
     sp.add_argument("out_dir")

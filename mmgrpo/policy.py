@@ -30,7 +30,6 @@ from torch import Tensor
 from mmgrpo.errors import ConfigError, DataError
 from mmgrpo.losses import token_logprobs
 
-
 # name fragments of vision-encoder parameters across HF families (Qwen-VL "visual", LLaVA "vision_tower", ...)
 VISION_PARAM_KEYS = ("visual.", "vision_tower", "vision_model", "multi_modal_projector")
 
