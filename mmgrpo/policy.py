@@ -399,7 +399,7 @@ class Policy:
             kw["position_ids"] = self._text_positions(p_mask, model)
         out = model(**kw, logits_to_keep=1, use_cache=True)
         first = out.logits[:, -1:, :].repeat_interleave(G, dim=0)  # (N, 1, V) predicts response token 0
-        cache = out.past_key_values
+        cache = out["cache"] if "cache" in out else out.past_key_values  # renamed in transformers 5.x
         cache.batch_repeat_interleave(G)  # (B, ...) -> (N, ...), differentiable
         full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(self.device)  # (N, P + T)
         pos = (full_mask.long().cumsum(-1) - 1)[:, P:]  # (N, T) text positions of the response
