@@ -60,7 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     trainer = Trainer(cfg, progress=not args.no_progress)
     if cfg.warm_start.steps > 0:
-        _warm_start(trainer, cfg, progress=not args.no_progress)
+        trainer.warm_start()
     record = trainer.train()
     print(
         f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
@@ -69,48 +69,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm_start(trainer, cfg, progress: bool) -> float:
-    from mmgrpo.warmstart import warm_start
-
-    w = cfg.warm_start
-    return warm_start(
-        trainer.policy,
-        trainer.make_env,
-        steps=w.steps,
-        lr=w.lr,
-        batch_size=w.batch_size,
-        template=w.target,
-        low=w.random_low,
-        high=w.random_high,
-        seed=cfg.seed,
-        train_vision=w.train_vision,
-        progress=progress,
-        log=trainer.log,
-    )
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from mmgrpo.config import load_config
-    from mmgrpo.evaluate import evaluate, write_eval
+    from mmgrpo.evaluate import evaluate_config, write_eval
     from mmgrpo.trainer import build_env_factory, build_rewards, eval_metric, load_policy
 
     cfg = load_config(args.config, args.set)
     make_env, rewards, metric = build_env_factory(cfg), build_rewards(cfg), eval_metric(cfg)
     policy = load_policy(cfg, args.model)
-    e = cfg.eval
-    result = evaluate(
-        policy,
-        make_env,
-        rewards,
-        episodes=args.n or e.episodes,
-        metric=metric,
-        batch_size=e.batch_size,
-        max_new_tokens=e.max_new_tokens,
-        temperature=e.temperature,
-        seed_offset=e.seed_offset,
-        progress=not args.no_progress,
+    result = evaluate_config(
+        cfg.eval, policy, make_env, rewards, metric, episodes=args.n, progress=not args.no_progress
     )
-    path = write_eval(result, args.model)
+    # next to the model; a hub id has no folder here, so the run directory takes it
+    path = write_eval(result, args.model if Path(args.model).is_dir() else cfg.output_dir)
     for name, v in result.per_verifier.items():
         print(f"  {name}: {v:.3f}")
     print(f"wrote {path}")
@@ -185,7 +156,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     base = trainer.evaluate()
     print(f"demo: freshly built model accuracy={base.accuracy:.3f} (n={n})", flush=True)
     if cfg.warm_start.steps > 0:
-        _warm_start(trainer, cfg, progress=not args.no_progress)
+        trainer.warm_start()
     before = trainer.evaluate()
     print(
         f"demo: after the format-only warm start ({cfg.warm_start.steps} steps) accuracy={before.accuracy:.3f} "

@@ -89,8 +89,34 @@ def evaluate(
     )
 
 
+def evaluate_config(
+    eval_cfg,
+    policy: Policy,
+    make_env: Callable[[], ChatEnv],
+    rewards: Rewards,
+    metric: str,
+    *,
+    episodes: int | None = None,
+    progress: bool = False,
+) -> EvalResult:
+    """``evaluate`` with the settings of an ``EvalConfig`` (``episodes`` overrides its count)."""
+    return evaluate(
+        policy,
+        make_env,
+        rewards,
+        episodes=episodes or eval_cfg.episodes,
+        metric=metric,
+        batch_size=eval_cfg.batch_size,
+        max_new_tokens=eval_cfg.max_new_tokens,
+        temperature=eval_cfg.temperature,
+        seed_offset=eval_cfg.seed_offset,
+        progress=progress,
+    )
+
+
 def write_eval(result: EvalResult, model_dir: str | Path) -> Path:
     """Write ``eval.json`` next to the model; returns its path."""
+    Path(model_dir).mkdir(parents=True, exist_ok=True)
     path = Path(model_dir) / "eval.json"
     path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return path

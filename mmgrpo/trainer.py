@@ -253,20 +253,37 @@ class Trainer:
         return record
 
     def evaluate(self, episodes: int | None = None):
-        from mmgrpo.evaluate import evaluate
+        """Held-out accuracy of the current policy (eval split, settings from ``cfg.eval``)."""
+        from mmgrpo.evaluate import evaluate_config
 
-        e = self.cfg.eval
-        return evaluate(
+        return evaluate_config(
+            self.cfg.eval,
             self.policy,
             self.make_env,
             self.rewards,
-            episodes=episodes or e.episodes,
-            metric=self.metric,
-            batch_size=e.batch_size,
-            max_new_tokens=e.max_new_tokens,
-            temperature=e.temperature,
-            seed_offset=e.seed_offset,
+            self.metric,
+            episodes=episodes,
             progress=self.progress,
+        )
+
+    def warm_start(self) -> float:
+        """The supervised format-only cold start of ``cfg.warm_start`` (see mmgrpo.warmstart)."""
+        from mmgrpo.warmstart import warm_start
+
+        w = self.cfg.warm_start
+        return warm_start(
+            self.policy,
+            self.make_env,
+            steps=w.steps,
+            lr=w.lr,
+            batch_size=w.batch_size,
+            template=w.target,
+            low=w.random_low,
+            high=w.random_high,
+            seed=self.cfg.seed,
+            train_vision=w.train_vision,
+            progress=self.progress,
+            log=self.log,
         )
 
     def save(self, out_dir: Path) -> None:
