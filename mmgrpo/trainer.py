@@ -126,6 +126,8 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         g, policy = self.cfg.grpo, self.policy
+        if g.beta > 0 and policy.reference is None:
+            policy.make_reference()  # the policy as GRPO starts (after any warm start) is the KL anchor
         t0 = time.perf_counter()
         batch = rollout(
             policy,
@@ -224,8 +226,6 @@ class Trainer:
         from tqdm.auto import tqdm
 
         g = self.cfg.grpo
-        if g.beta > 0 and self.policy.reference is None:
-            self.policy.make_reference()
         save_config(self.cfg, self.out / "config.yaml")
         record: dict[str, Any] = {}
         bar = tqdm(total=g.steps, initial=self.step, desc="grpo", unit="step", disable=not self.progress)

@@ -1,0 +1,106 @@
+"""Trainer behaviour on the tiny model: micro-batches change memory, not the update; bad episodes are data."""
+
+from __future__ import annotations
+
+import torch
+
+from mmgrpo.config import load_config
+from mmgrpo.envs.counting import CountingEnv
+from mmgrpo.registry import register_env, register_verifier
+from mmgrpo.trainer import Trainer
+
+BASE = [
+    "grpo.steps=1",
+    "grpo.tasks_per_step=2",
+    "grpo.group_size=4",
+    "grpo.max_new_tokens=6",
+    "warm_start.steps=0",
+    "env.kwargs.max_count=3",
+]
+
+
+def _length_reward(**_):
+    return lambda episode: len(episode.completion) / 10  # varies within groups even for a fresh model
+
+
+register_verifier("test_length", _length_reward, overwrite=True)
+VARIED = "verifiers=[{name: test_length}]"
+
+
+def _trainer(tiny_model_dir, tmp_path, *sets: str) -> Trainer:
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", *BASE, *sets])
+    return Trainer(cfg, progress=False)
+
+
+def _step_gradient(trainer: Trainer) -> tuple[torch.Tensor, dict]:
+    """Run one train step and return the (clipped) gradient the optimizer applied, and the metrics."""
+    grads, step = [], trainer.optimizer.step
+
+    def capture(*args, **kwargs):
+        grads.append(
+            torch.cat(
+                [p.grad.flatten().clone() for p in trainer.policy.model.parameters() if p.grad is not None]
+            )
+        )
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = capture
+    record = trainer.train_step()
+    return grads[0], record
+
+
+def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path):
+    """Whole-batch normalisation: 8 rows in one pass or in micro-batches of 4 (shared prompts) or 3
+    (rows that split groups: the full forward) give the same gradient and the same metrics."""
+    runs = [
+        _step_gradient(
+            _trainer(
+                tiny_model_dir, tmp_path / f"mb{mb}", f"grpo.micro_batch_size={mb}", "grpo.beta=0.04", VARIED
+            )
+        )
+        for mb in (8, 4, 3)
+    ]
+    (g8, r8), (g4, r4), (g3, r3) = runs
+    assert g8.norm() > 0, "the step must have a gradient"
+    torch.testing.assert_close(g4, g8, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(g3, g8, atol=1e-6, rtol=1e-4)
+    for key in ("loss", "kl", "reward", "grad_norm"):
+        assert abs(r4[key] - r8[key]) < 1e-5 and abs(r3[key] - r8[key]) < 1e-5, key
+
+
+def test_num_iterations_reuses_rollouts_with_an_importance_ratio(tiny_model_dir, tmp_path):
+    tr = _trainer(tiny_model_dir, tmp_path, "grpo.num_iterations=3", "grpo.beta=0.0", "grpo.lr=5e-3", VARIED)
+    record = tr.train_step()
+    # pass 1 has ratio 1; passes 2 and 3 see the updated policy against the stored old log-probs
+    assert record["ratio_mean"] != 1.0
+    assert tr.scheduler.get_last_lr()[0] == 5e-3 and tr.optimizer.state  # three optimizer steps ran
+    assert tr.policy.reference is None  # beta 0: no reference model at all
+
+
+class _BrokenStepEnv(CountingEnv):
+    def step(self, action):
+        if action.count("<") % 2 == 0:
+            raise RuntimeError("tool crashed")
+        return super().step(action)
+
+
+def _boom(**_):
+    def fn(episode):
+        raise ValueError("verifier bug")
+
+    return fn
+
+
+def test_bad_episodes_are_counted_not_fatal(tiny_model_dir, tmp_path):
+    register_env("test_broken_step", _BrokenStepEnv, overwrite=True)
+    register_verifier("test_boom", _boom, overwrite=True)
+    tr = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "env.name=test_broken_step",
+        "verifiers=[{name: number_match}, {name: test_boom}]",
+    )
+    record = tr.train_step()
+    assert record["verifier_failures"] == 8  # every episode, for the broken verifier only
+    assert 0 <= record["env_errors"] <= 8
+    assert record["reward/test_boom"] == 0.0
