@@ -62,6 +62,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.warm_start.steps > 0:
         trainer.warm_start()
     record = trainer.train()
+    from mmgrpo.plots import plot_metrics
+
+    plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
     print(
         f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
         f"model saved to {trainer.out / 'final'}"
@@ -87,6 +90,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"wrote {path}")
     print(f"accuracy: {result.accuracy:.3f} (n={result.n})")
     return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from mmgrpo.plots import plot_metrics
+
+    run = Path(args.run_dir)
+    path = plot_metrics(run / "metrics.jsonl", args.out or run / "curves.png")
+    print(f"wrote {path}")
+    return 0
+
+
+def _write_pictures(trainer, result, run_dir: Path) -> list[Path]:
+    """Learning curves, and what the model saw and said on the first held-out episodes."""
+    from mmgrpo.env import message_images
+    from mmgrpo.plots import plot_metrics, sample_grid
+
+    paths = [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")]
+    env = trainer.make_env()
+    images, captions, correct = [], [], []
+    for s in result.samples[:16]:
+        messages, _ = env.reset(seed=s["seed"], options={"split": "eval"})
+        shown = message_images(messages)
+        if not shown:
+            continue
+        images.append(shown[0])
+        captions.append(f"answer {s['answer']} | model {s['completion']}")
+        correct.append(s["score"] >= 0.5)
+    if images:
+        paths.append(sample_grid(images, captions, correct, run_dir / "samples.png", columns=8))
+    return paths
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -172,6 +205,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "seconds": time.perf_counter() - t0,
     }
     (run_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    pictures = _write_pictures(trainer, after, run_dir)
+    print("demo: pictures " + ", ".join(str(p) for p in pictures), flush=True)
     print(
         f"demo: {cfg.grpo.steps} GRPO steps in {summary['seconds']:.0f} s; run directory {run_dir}",
         flush=True,
@@ -210,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default=None, help="model directory (default: model.path)")
     sp.add_argument("--steps", type=int, default=2)
     sp.set_defaults(fn=cmd_probe)
+
+    sp = sub.add_parser("plot", help="draw a run's learning curves (metrics.jsonl) to a PNG")
+    sp.add_argument("run_dir", help="run directory holding metrics.jsonl")
+    sp.add_argument("--out", default=None, help="default: RUN_DIR/curves.png")
+    sp.set_defaults(fn=cmd_plot)
 
     sp = sub.add_parser("list", help="registered environments and verifiers")
     sp.set_defaults(fn=cmd_list)

@@ -70,6 +70,9 @@ def test_train_two_steps_then_eval(tiny_model_dir, tmp_path, capsys):
     final = out / "final"
     assert (final / "config.json").is_file() and (final / "mmgrpo_config.yaml").is_file()
     assert (out / "config.yaml").is_file()
+    assert (out / "curves.png").is_file()  # learning curves drawn at the end of training
+    (out / "curves.png").unlink()
+    assert main(["plot", str(out)]) == 0 and (out / "curves.png").is_file()
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     AutoProcessor.from_pretrained(final)
