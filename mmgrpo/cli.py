@@ -31,9 +31,18 @@ def _find_demo_config() -> Path:
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from mmgrpo.tiny import TinyModelSpec, build_tiny_model, count_parameters
 
-    out = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed))
+    if args.text_only:
+        from transformers import AutoModelForCausalLM
+
+        from mmgrpo.tiny_text import build_tiny_text_model
+
+        out = build_tiny_text_model(args.out_dir, seed=args.seed)
+        n = count_parameters(AutoModelForCausalLM.from_pretrained(out))
+        print(f"tiny Qwen2 causal LM ({n / 1e6:.2f}M parameters, text only) saved to {out}")
+        return 0
     from transformers import AutoModelForImageTextToText
 
+    out = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed))
     n = count_parameters(AutoModelForImageTextToText.from_pretrained(out))
     print(f"tiny Qwen2.5-VL ({n / 1e6:.2f}M parameters) saved to {out}")
     return 0
@@ -64,7 +73,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     record = trainer.train()
     from mmgrpo.plots import plot_metrics
 
-    plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
+    if cfg.grpo.steps > 0:  # a warm-start-only run has no GRPO curves to draw
+        plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
     print(
         f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
         f"model saved to {trainer.out / 'final'}"
@@ -261,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("tiny-model", help="build the tiny offline Qwen2.5-VL")
     sp.add_argument("out_dir")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--text-only", action="store_true", help="a tiny Qwen2 causal LM instead (no vision)")
     sp.set_defaults(fn=cmd_tiny_model)
 
     sp = sub.add_parser("demo", help="build the tiny model, train it to count, evaluate before and after")

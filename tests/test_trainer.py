@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mmgrpo.config import load_config
@@ -23,7 +24,11 @@ def _length_reward(**_):
     return lambda episode: len(episode.completion) / 10  # varies within groups even for a fresh model
 
 
-register_verifier("test_length", _length_reward, overwrite=True)
+@pytest.fixture(autouse=True)
+def _register_length_verifier():
+    register_verifier("test_length", _length_reward, overwrite=True)  # other tests reset the registry
+
+
 VARIED = "verifiers=[{name: test_length}]"
 
 
