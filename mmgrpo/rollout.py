@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from mmgrpo.batch import TokenBatch, pad_right
 from mmgrpo.env import ChatEnv
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.policy import Policy, TokenBatch, pad_right
+from mmgrpo.policy import Policy
 from mmgrpo.verifier import Episode
 
 

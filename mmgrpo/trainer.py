@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from mmgrpo.advantages import group_advantages, group_stats
+from mmgrpo.batch import TokenBatch
 from mmgrpo.config import Config, save_config
 from mmgrpo.env import ChatEnv
 from mmgrpo.errors import ConfigError
 from mmgrpo.losses import grpo_loss
-from mmgrpo.policy import Policy, TokenBatch
+from mmgrpo.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
 from mmgrpo.rollout import rollout
 from mmgrpo.verifier import Rewards

@@ -19,8 +19,9 @@ from collections.abc import Callable
 
 import torch
 
+from mmgrpo.batch import TokenBatch, pad_right
 from mmgrpo.env import ChatEnv
-from mmgrpo.policy import Policy, TokenBatch, pad_right
+from mmgrpo.policy import Policy
 from mmgrpo.rollout import reset_group
 
 

@@ -1,0 +1,128 @@
+"""Token batches: N sequences in the prompt | response layout, and their vision inputs.
+
+    prompt_ids   (N, P)  left-padded    every token before the first policy turn (system, user, images)
+    response_ids (N, T)  right-padded   everything after it: policy turns and, in multi-turn episodes,
+                                        the environment's turns in between (loss_mask 0 there)
+
+Vision inputs (``pixel_values`` rows, one per 14x14 patch, and ``image_grid_thw``, one row per image)
+travel with the batch in sequence order, so that any subset of rows can be selected (micro-batches, the
+G copies of a prompt) without re-running the processor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class VisionInputs:
+    """Processor outputs for the images of a batch, in sequence order.
+
+    pixel_values   (num_patches, patch_dim)  rows of all images, image after image
+    image_grid_thw (num_images, 3)           (t, h, w) patch grid of each image
+    images_per_seq list[int]                 how many images each sequence owns, in order
+    """
+
+    pixel_values: Tensor | None = None
+    image_grid_thw: Tensor | None = None
+    images_per_seq: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.pixel_values is None
+
+    def _spans(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Per sequence, its (start, end) rows in image_grid_thw and in pixel_values."""
+        patches = self.image_grid_thw.prod(dim=-1).tolist()  # (num_images,) patches per image
+        img_spans, pix_spans, img, pix = [], [], 0, 0
+        for k in self.images_per_seq:
+            n_pix = int(sum(patches[img : img + k]))
+            img_spans.append((img, img + k))
+            pix_spans.append((pix, pix + n_pix))
+            img, pix = img + k, pix + n_pix
+        return img_spans, pix_spans
+
+    def select(self, rows: list[int]) -> VisionInputs:
+        """The vision inputs of sequences ``rows`` (repeats allowed: the G copies of a prompt share one)."""
+        if self.empty:
+            return VisionInputs(images_per_seq=[0] * len(rows))
+        img_spans, pix_spans = self._spans()
+        pix = [self.pixel_values[slice(*pix_spans[r])] for r in rows]
+        grid = [self.image_grid_thw[slice(*img_spans[r])] for r in rows]
+        return VisionInputs(torch.cat(pix), torch.cat(grid), [self.images_per_seq[r] for r in rows])
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> VisionInputs:
+        if self.empty:
+            return self
+        return VisionInputs(
+            self.pixel_values.to(device=device, dtype=dtype or self.pixel_values.dtype),
+            self.image_grid_thw.to(device),
+            list(self.images_per_seq),
+        )
+
+
+@dataclass
+class TokenBatch:
+    """N sequences in the prompt | response layout, everything the loss needs but the advantages.
+
+    prompt_ids (N, P) left-padded; prompt_mask (N, P) 1 on real tokens
+    response_ids (N, T) right-padded; response_mask (N, T) 1 on real tokens
+    loss_mask (N, T) 1 only on policy-generated tokens (0 on padding and environment tokens)
+    prompt_key: per row, an id of its prompt; rows with the same key have identical prompt tokens and
+                images (the G episodes of a group), which lets ``Policy.logprobs`` encode the prompt once.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    loss_mask: Tensor
+    vision: VisionInputs
+    prompt_key: list[int] | None = None
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def select(self, rows: list[int]) -> TokenBatch:
+        """Rows ``rows``, with columns that are padding in every selected row trimmed away."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        pm, rm = self.prompt_mask[idx], self.response_mask[idx]  # (n, P), (n, T)
+        p_keep = int(pm.sum(dim=1).max())  # left padding: keep the last p_keep columns
+        t_keep = max(int(rm.sum(dim=1).max()), 1)  # right padding: keep the first t_keep columns
+        P = pm.shape[1]
+        return TokenBatch(
+            prompt_ids=self.prompt_ids[idx][:, P - p_keep :],
+            prompt_mask=pm[:, P - p_keep :],
+            response_ids=self.response_ids[idx][:, :t_keep],
+            response_mask=rm[:, :t_keep],
+            loss_mask=self.loss_mask[idx][:, :t_keep],
+            vision=self.vision.select(rows),
+            prompt_key=[self.prompt_key[r] for r in rows] if self.prompt_key is not None else None,
+        )
+
+    def shared_prompt_runs(self) -> int:
+        """G when the rows come in consecutive runs of G (> 1) rows sharing one prompt, else 1."""
+        keys = self.prompt_key
+        if not keys:
+            return 1
+        G = next((i for i, k in enumerate(keys) if k != keys[0]), len(keys))
+        if G < 2 or len(keys) % G:
+            return 1
+        runs = [keys[i : i + G] for i in range(0, len(keys), G)]
+        if any(len(set(r)) != 1 for r in runs) or len({r[0] for r in runs}) != len(runs):
+            return 1
+        return G
+
+
+def pad_right(seqs: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
+    """Right-pad lists of ids: returns ids (N, T) and mask (N, T)."""
+    T = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), max(T, 1)), pad, dtype=torch.long)  # (N, T)
+    mask = torch.zeros((len(seqs), max(T, 1)), dtype=torch.long)  # (N, T)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
