@@ -151,15 +151,14 @@ def build_processor(tokenizer, spec: TinyModelSpec):
     )
 
 
-def build_config(tokenizer, spec: TinyModelSpec):
-    """A Qwen2_5_VLConfig with small sizes whose token ids point into ``tokenizer``."""
-    from transformers import Qwen2_5_VLConfig
+def special_token_ids(tokenizer) -> dict[str, int]:
+    return {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    head_dim = spec.hidden_size // spec.num_heads  # 32
-    half = head_dim // 2  # mrope splits head_dim/2 rotary frequencies into (temporal, height, width)
-    mrope_section = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]  # 16 -> [4, 6, 6]
-    text = dict(
+
+def language_config_kwargs(tokenizer, spec: TinyModelSpec) -> dict:
+    """Sizes and token ids of the tiny language model, shared by the VL model and the text-only one."""
+    ids = special_token_ids(tokenizer)
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -167,12 +166,23 @@ def build_config(tokenizer, spec: TinyModelSpec):
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
         tie_word_embeddings=True,
     )
+
+
+def build_config(tokenizer, spec: TinyModelSpec):
+    """A Qwen2_5_VLConfig with small sizes whose token ids point into ``tokenizer``."""
+    from transformers import Qwen2_5_VLConfig
+
+    head_dim = spec.hidden_size // spec.num_heads  # 32
+    half = head_dim // 2  # mrope splits head_dim/2 rotary frequencies into (temporal, height, width)
+    mrope_section = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]  # 16 -> [4, 6, 6]
+    text = language_config_kwargs(tokenizer, spec)
+    text["rope_parameters"]["mrope_section"] = mrope_section
     vision = dict(
         depth=spec.vision_depth,
         hidden_size=spec.vision_hidden_size,
@@ -185,6 +195,7 @@ def build_config(tokenizer, spec: TinyModelSpec):
         window_size=112,
         fullatt_block_indexes=[spec.vision_depth - 1],
     )
+    ids = special_token_ids(tokenizer)
     return Qwen2_5_VLConfig(
         text_config=text,
         vision_config=vision,

@@ -14,28 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmgrpo.tiny import SPECIAL_TOKENS, TinyModelSpec, build_tokenizer
+from mmgrpo.tiny import TinyModelSpec, build_tokenizer, language_config_kwargs
 
 
 def build_text_config(tokenizer, spec: TinyModelSpec):
     """A Qwen2Config with the tiny VL model's language sizes whose token ids point into ``tokenizer``."""
     from transformers import Qwen2Config
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    return Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        tie_word_embeddings=True,
-    )
+    return Qwen2Config(**language_config_kwargs(tokenizer, spec))
 
 
 def build_tiny_text_model(out_dir: str | Path, seed: int = 0) -> Path:

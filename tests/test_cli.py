@@ -13,21 +13,6 @@ from mmgrpo.config import config_reference, load_config
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 
-SMALL = [
-    "grpo.steps=2",
-    "grpo.tasks_per_step=2",
-    "grpo.group_size=4",
-    "grpo.micro_batch_size=4",
-    "warm_start.steps=2",
-    "warm_start.batch_size=4",
-    "eval.episodes=6",
-    "eval.batch_size=6",
-]
-
-
-def _sets(*items: str) -> list[str]:
-    return [x for item in items for x in ("--set", item)]
-
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_config_validates(path):
@@ -44,10 +29,10 @@ def test_config_reference_page_is_up_to_date():
     assert config_reference(markdown=True) in page, "regenerate with: mmgrpo config-reference --markdown"
 
 
-def test_train_two_steps_then_eval(tiny_model_dir, tmp_path, capsys):
+def test_train_two_steps_then_eval(tiny_model_dir, tmp_path, capsys, small_run):
     out = tmp_path / "run"
     cfg = str(ROOT / "examples" / "counting_tiny.yaml")
-    sets = _sets(f"model.path={tiny_model_dir}", f"output_dir={out}", *SMALL)
+    sets = small_run(f"model.path={tiny_model_dir}", f"output_dir={out}")
     assert main(["train", cfg, *sets, "--no-progress"]) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     grpo = [r for r in records if "stage" not in r]
@@ -86,21 +71,21 @@ def test_train_two_steps_then_eval(tiny_model_dir, tmp_path, capsys):
     assert result["n"] == 6 and f"{result['accuracy']:.3f}" in last
 
 
-def test_same_config_and_seed_give_the_same_run(tiny_model_dir, tmp_path):
+def test_same_config_and_seed_give_the_same_run(tiny_model_dir, tmp_path, small_run):
     cfg = str(ROOT / "examples" / "counting_tiny.yaml")
     runs = []
     for name in ("a", "b"):
         out = tmp_path / name
-        sets = _sets(f"model.path={tiny_model_dir}", f"output_dir={out}", *SMALL, "warm_start.steps=0")
+        sets = small_run(f"model.path={tiny_model_dir}", f"output_dir={out}", "warm_start.steps=0")
         assert main(["train", cfg, *sets, "--no-progress"]) == 0
         recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         runs.append([{k: v for k, v in r.items() if not k.endswith("_time")} for r in recs])
     assert runs[0] == runs[1]
 
 
-def test_probe_and_list(tiny_model_dir, capsys):
+def test_probe_and_list(tiny_model_dir, capsys, small_run):
     cfg = str(ROOT / "examples" / "counting_tiny.yaml")
-    assert main(["probe", cfg, "--steps", "1", *_sets(f"model.path={tiny_model_dir}", *SMALL)]) == 0
+    assert main(["probe", cfg, "--steps", "1", *small_run(f"model.path={tiny_model_dir}")]) == 0
     out = capsys.readouterr().out
     assert "reward histogram" in out and "zero-variance groups" in out
     assert main(["list"]) == 0

@@ -140,22 +140,10 @@ def test_greedy_tokens_are_the_argmax_of_the_training_forward(text_policy):
     torch.testing.assert_close(lp[m], logits.log_softmax(-1).max(-1).values[m], atol=1e-5, rtol=1e-5)
 
 
-def test_train_two_steps_then_eval(text_model_dir, tmp_path, capsys):
+def test_train_two_steps_then_eval(text_model_dir, tmp_path, capsys, small_run):
     out = tmp_path / "run"
     cfg = str(ROOT / "examples" / "text_math_tiny.yaml")
-    small = [
-        f"model.path={text_model_dir}",
-        f"output_dir={out}",
-        "grpo.steps=2",
-        "grpo.tasks_per_step=2",
-        "grpo.group_size=4",
-        "grpo.micro_batch_size=4",
-        "warm_start.steps=2",
-        "warm_start.batch_size=4",
-        "eval.episodes=6",
-        "eval.batch_size=6",
-    ]
-    sets = [x for s in small for x in ("--set", s)]
+    sets = small_run(f"model.path={text_model_dir}", f"output_dir={out}")
     assert main(["train", cfg, *sets, "--no-progress"]) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     grpo = [r for r in records if "stage" not in r]
