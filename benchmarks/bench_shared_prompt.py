@@ -1,5 +1,7 @@
-"""Benchmark: one GRPO training forward+backward with each prompt encoded once per group (KV cache repeated
-G times) against the plain full forward, on the same batch, in one run. Reports the ratio.
+"""Benchmark: each prompt encoded once per group (KV cache repeated G times) against the plain way, on the
+same batch, in one run, reported as ratios:
+  - rollout: our decode loop on the shared prefill vs Hugging Face ``generate`` on all N rows;
+  - training: forward+backward of the GRPO log-probs vs one full forward over prompt + response.
 
     python benchmarks/bench_shared_prompt.py [--group-size 8] [--tasks 16] [--repeats 5]
 
@@ -30,6 +32,12 @@ def step(policy: Policy, tokens, share: bool) -> float:
     return time.perf_counter() - t0
 
 
+def gen(policy: Policy, prompt, group_size: int, max_new_tokens: int) -> float:
+    t0 = time.perf_counter()
+    policy.generate(*prompt, max_new_tokens=max_new_tokens, temperature=1.0, group_size=group_size)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--group-size", type=int, default=8)
@@ -52,12 +60,22 @@ def main() -> None:
         for _ in range(args.repeats):  # interleaved so that machine noise hits both alike
             for share in (False, True):
                 times[share].append(step(policy, tokens, share))
+        prompt = (tokens.prompt_ids, tokens.prompt_mask, tokens.vision)
+        gtimes = {1: [], G: []}
+        gen(policy, prompt, G, 8), gen(policy, prompt, 1, 8)  # warm-up
+        for _ in range(args.repeats):
+            for g in (1, G):
+                gtimes[g].append(gen(policy, prompt, g, 8))
     full, shared = statistics.median(times[False]), statistics.median(times[True])
     P, T = tokens.prompt_ids.shape[1], tokens.response_ids.shape[1]
     print(f"batch: {B} tasks x G={G} = {B * G} sequences, prompt {P} tokens (16 image), response {T} tokens")
     print(f"full forward+backward:   {full * 1000:7.1f} ms (median of {args.repeats})")
     print(f"shared prompt encoding:  {shared * 1000:7.1f} ms")
     print(f"speed-up: {full / shared:.2f}x   max |logp difference| {diff:.2e}")
+    hf, ours = statistics.median(gtimes[1]), statistics.median(gtimes[G]) if G > 1 else float("nan")
+    print(f"rollout, HF generate on all rows:   {hf * 1000:7.1f} ms (8 new tokens, temperature 1)")
+    print(f"rollout, shared prefill + decode:   {ours * 1000:7.1f} ms")
+    print(f"speed-up: {hf / ours:.2f}x")
 
 
 if __name__ == "__main__":

@@ -193,15 +193,25 @@ class Policy:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        group_size: int = 1,
     ) -> tuple[list[list[int]], list[bool]]:
         """Sample one continuation per row (temperature 0 = greedy).
 
         Returns per row the generated ids up to and including the first end-of-turn token, and whether
         that token was produced (False: the episode hit max_new_tokens, i.e. it is truncated).
+        With ``group_size`` G > 1 the rows come in runs of G sharing one prompt (the G episodes of a
+        task): each prompt and its images are encoded once and the decode loop runs on the repeated KV
+        cache. Otherwise Hugging Face ``generate`` runs on all rows.
         """
         model = self.model
         was_training = model.training
         model.eval()
+        if group_size > 1:
+            new_ids = self._generate_shared(
+                prompt_ids, prompt_mask, vision, group_size, max_new_tokens, temperature, top_p, top_k
+            )
+            model.train(was_training)
+            return self._cut_at_eos(new_ids.tolist())
         greedy = temperature <= 0
         gen_kw: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
@@ -216,7 +226,10 @@ class Policy:
             gen_kw.update(temperature=None, top_p=None, top_k=None)
         out = model.generate(**self._model_inputs(prompt_ids, prompt_mask, vision, model), **gen_kw)
         model.train(was_training)
-        new = out[:, prompt_ids.shape[1] :].tolist()  # (N, <= max_new_tokens)
+        return self._cut_at_eos(out[:, prompt_ids.shape[1] :].tolist())  # (N, <= max_new_tokens)
+
+    def _cut_at_eos(self, new: list[list[int]]) -> tuple[list[list[int]], list[bool]]:
+        """Each row up to and including its first end-of-turn token, and whether it had one."""
         completions, finished = [], []
         for row in new:
             if self.eos_token_id in row:
@@ -276,35 +289,87 @@ class Policy:
         logits = model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
         return logits[:, :-1, :]  # (N, T, V): logits at column P+t-1 predict response token t
 
-    def _response_logits_shared(self, model, batch: TokenBatch, G: int) -> Tensor:
-        """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses."""
-        N, P = batch.prompt_ids.shape
+    def _prefill_shared(self, model, prompt_ids: Tensor, prompt_mask: Tensor, vision: VisionInputs, G: int):
+        """Encode the N/G distinct prompts (rows 0, G, 2G, ...) once and repeat the result G times.
+
+        Returns the logits predicting the first response token (N, V), the KV cache repeated to N rows,
+        and the per-row offset that M-RoPE models add to text positions after images ((N, 1) or None).
+        """
+        N = prompt_ids.shape[0]
         heads = list(range(0, N, G))  # first row of each group
-        pv = batch.vision.select(heads)
-        p_ids, p_mask = batch.prompt_ids[heads], batch.prompt_mask[heads]  # (B, P)
+        pv = vision.select(heads)
+        p_ids, p_mask = prompt_ids[heads], prompt_mask[heads]  # (B, P)
         kw = self._model_inputs(p_ids, p_mask, pv, model)
         mrope_images = self._uses_mrope(model) and not pv.empty
         if not mrope_images:
             kw["position_ids"] = self._text_positions(p_mask, model)
         out = model(**kw, logits_to_keep=1, use_cache=True)
-        first = out.logits[:, -1:, :].repeat_interleave(G, dim=0)  # (N, 1, V) predicts response token 0
+        first = out.logits[:, -1, :].repeat_interleave(G, dim=0)  # (N, V)
         cache = out["cache"] if "cache" in out else out.past_key_values  # renamed in transformers 5.x
         cache.batch_repeat_interleave(G)  # (B, ...) -> (N, ...), differentiable
-        full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(self.device)  # (N, P + T)
-        pos = (full_mask.long().cumsum(-1) - 1)[:, P:]  # (N, T) text positions of the response
+        delta = None
         if mrope_images:
             delta = getattr(model, "module", model).model.rope_deltas  # (B, 1) offset left by the images
-            pos = pos + delta.to(pos.device).repeat_interleave(G, dim=0)  # (N, T)
-        if self._uses_mrope(model):
-            pos = pos.unsqueeze(0).expand(3, -1, -1)  # (3, N, T)
+            delta = delta.to(self.device).repeat_interleave(G, dim=0)  # (N, 1)
+        return first, cache, delta
+
+    def _continuation_positions(self, full_mask: Tensor, start: int, delta: Tensor | None, model) -> Tensor:
+        """Positions of columns ``start:`` of a left-padded sequence: (N, L) or (3, N, L) for M-RoPE."""
+        pos = (full_mask.long().cumsum(-1) - 1)[:, start:]  # (N, L) text positions, padding skipped
+        if delta is not None:
+            pos = pos + delta  # (N, L)
+        return pos.unsqueeze(0).expand(3, -1, -1) if self._uses_mrope(model) else pos
+
+    def _response_logits_shared(self, model, batch: TokenBatch, G: int) -> Tensor:
+        """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses."""
+        P = batch.prompt_ids.shape[1]
+        first, cache, delta = self._prefill_shared(
+            model, batch.prompt_ids, batch.prompt_mask, batch.vision, G
+        )
+        full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(self.device)  # (N, P + T)
         rest = model(
             input_ids=batch.response_ids.to(self.device),
             attention_mask=full_mask,
-            position_ids=pos,
+            position_ids=self._continuation_positions(full_mask, P, delta, model),
             **{_cache_kwarg(model): cache},
             use_cache=True,
         ).logits  # (N, T, V): column t predicts response token t + 1
-        return torch.cat([first, rest[:, :-1, :]], dim=1)  # (N, T, V)
+        return torch.cat([first.unsqueeze(1), rest[:, :-1, :]], dim=1)  # (N, T, V)
+
+    def _generate_shared(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        vision: VisionInputs,
+        G: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+    ) -> Tensor:
+        """Sample N continuations with one prompt encoding per group: the decode loop of HF generate,
+        minus the G-fold prefill. Returns the new ids (N, <= max_new_tokens), pad after end-of-turn."""
+        model = self.model
+        logits, cache, delta = self._prefill_shared(model, prompt_ids, prompt_mask, vision, G)  # (N, V)
+        mask = prompt_mask.to(self.device)  # (N, P), grows by one column per step
+        done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=self.device)  # (N,)
+        steps = []
+        for _ in range(max_new_tokens):
+            nxt = sample_tokens(logits, temperature, top_p, top_k, self.suppress_ids)  # (N,)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_token_id), nxt)  # (N,)
+            steps.append(nxt)
+            done |= nxt == self.eos_token_id
+            if bool(done.all()) or len(steps) == max_new_tokens:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (N, P + t + 1)
+            logits = model(
+                input_ids=nxt[:, None],
+                attention_mask=mask,
+                position_ids=self._continuation_positions(mask, mask.shape[1] - 1, delta, model),
+                **{_cache_kwarg(model): cache},
+                use_cache=True,
+            ).logits[:, -1, :]  # (N, V)
+        return torch.stack(steps, dim=1)  # (N, t)
 
     # ------------------------------------------------------------------------------------------ saving
     def save(self, out_dir: str | Path) -> None:
@@ -312,6 +377,29 @@ class Policy:
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
         self.processor.save_pretrained(out)
+
+
+def sample_tokens(
+    logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0, suppress: list[int] | None = None
+) -> Tensor:
+    """One token per row from logits (N, V): greedy when temperature <= 0, else softmax(logits / T)
+    restricted to the top_k tokens and to the smallest set whose probability reaches top_p. Returns (N,)."""
+    logits = logits.float()  # (N, V)
+    if suppress:
+        logits[:, suppress] = float("-inf")
+    if temperature <= 0:
+        return logits.argmax(dim=-1)  # (N,)
+    logits = logits / temperature
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (N, V)
+        probs = sorted_logits.softmax(dim=-1)  # (N, V)
+        drop = probs.cumsum(dim=-1) - probs > top_p  # (N, V) mass before this token already exceeds top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(-1)  # (N,)
 
 
 def _cache_kwarg(model) -> str:

@@ -122,6 +122,7 @@ def rollout(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        group_size=G,
     )
 
     trajectories = []

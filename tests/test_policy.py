@@ -121,3 +121,33 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="mmgrpo tiny-model"):
         Policy.from_pretrained(tmp_path / "empty")
+
+
+def test_shared_prefill_generation_matches_hf_generate_greedy(tiny_policy):
+    """Encoding each prompt once and decoding on the repeated cache gives Hugging Face generate's ids."""
+    envs = [CountingEnv(distractors=1) for _ in range(3)]
+    prompts = [env.reset(seed=s)[0] for s, env in enumerate(envs)]
+    ids, mask, vision = tiny_policy.encode_prompts(prompts)
+    rows = [b for b in range(3) for _ in range(4)]
+    args = (ids[rows], mask[rows], vision.select(rows))
+    hf = tiny_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=1)
+    shared = tiny_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=4)
+    assert shared == hf
+
+
+def test_sample_tokens_filters_and_distribution():
+    from mmgrpo.policy import sample_tokens
+
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)  # (N, V)
+    assert torch.equal(sample_tokens(logits, 0.0), torch.zeros(20000, dtype=torch.long))
+    assert torch.equal(sample_tokens(logits, 1.0, top_k=1), torch.zeros(20000, dtype=torch.long))
+    assert torch.equal(sample_tokens(logits, 1.0, top_p=0.5), torch.zeros(20000, dtype=torch.long))
+    assert int((sample_tokens(logits, 1.0, suppress=[0]) == 0).sum()) == 0
+    freq = torch.bincount(sample_tokens(logits, 1.0), minlength=4).float() / 20000
+    torch.testing.assert_close(freq, logits[0].softmax(-1), atol=0.015, rtol=0)
+    # top_p = 0.9: softmax is (0.644, 0.237, 0.087, 0.032); the first three reach 0.968 >= 0.9, the last is cut
+    kept = torch.bincount(sample_tokens(logits, 1.0, top_p=0.9), minlength=4)
+    assert kept[3] == 0 and kept[2] > 0
+    hot = torch.bincount(sample_tokens(logits, 0.5), minlength=4).float() / 20000
+    torch.testing.assert_close(hot, (logits[0] / 0.5).softmax(-1), atol=0.015, rtol=0)

@@ -214,3 +214,12 @@ def test_reference_completion_scores_one_and_a_wrong_answer_zero(name):
 def test_kwargs_validation(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         TextMathEnv(**kwargs)
+
+
+def test_shared_prefill_generation_matches_hf_generate_greedy(math_batch, text_policy):
+    """Left-padded text prompts of different lengths: the shared-prefill decode loop gives HF's ids."""
+    tok = math_batch.tokens
+    args = (tok.prompt_ids, tok.prompt_mask, tok.vision)
+    hf = text_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=1)
+    shared = text_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=4)
+    assert shared == hf
