@@ -73,6 +73,11 @@ class Policy:
         from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        if _looks_like_missing_folder(path):
+            raise ConfigError(
+                f"model path '{path}' does not exist. Build the embedded model with `mmgrpo tiny-model "
+                f"{path}`, or give an existing checkpoint folder or a hub id such as Qwen/Qwen2.5-VL-3B-Instruct."
+            )
         if Path(path).exists() and not (Path(path) / "config.json").is_file():
             raise ConfigError(
                 f"model.path '{path}' is a folder without config.json: it is not a saved model. "
@@ -377,6 +382,19 @@ class Policy:
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
         self.processor.save_pretrained(out)
+
+
+def _looks_like_missing_folder(path: str | Path) -> bool:
+    """True when ``path`` is clearly meant as a local folder that is not there (an absolute or relative
+    path, or 'dir/name' whose 'dir' exists here), so that a typo fails at once instead of being sent to
+    the hub as a repository id (which retries for minutes on an offline machine)."""
+    p = Path(path).expanduser()
+    if p.exists():
+        return False
+    text = str(path)
+    if p.is_absolute() or text.startswith((".", "~")) or len(p.parts) > 2:
+        return True
+    return len(p.parts) == 2 and Path(p.parts[0]).is_dir()
 
 
 def sample_tokens(

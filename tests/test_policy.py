@@ -115,12 +115,17 @@ def test_text_only_prompt_runs_on_vision_model(tiny_policy):
     assert len(comps) == 2 and all(1 <= len(c) <= 3 for c in comps)
 
 
-def test_missing_model_folder_is_a_clear_error(tmp_path):
+def test_missing_model_folder_is_a_clear_error(tmp_path, monkeypatch):
     from mmgrpo.errors import ConfigError
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="mmgrpo tiny-model"):
-        Policy.from_pretrained(tmp_path / "empty")
+        Policy.from_pretrained(tmp_path / "empty")  # a folder, but no saved model in it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for missing in (tmp_path / "nope", "runs/nope", "./nope", "a/b/c"):  # typos, not hub ids
+        with pytest.raises(ConfigError, match="does not exist"):
+            Policy.from_pretrained(missing)
 
 
 def test_shared_prefill_generation_matches_hf_generate_greedy(tiny_policy):
