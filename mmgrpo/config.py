@@ -115,7 +115,8 @@ class GRPOConfig(Section):
     num_iterations: int = 1
     """mu: optimisation passes over each step's rollouts (1 = on-policy, ratio 1 at the first pass)."""
     micro_batch_size: int = 32
-    """Sequences per forward/backward pass (gradient accumulation); changes memory use, not the update."""
+    """Sequences per forward/backward pass (gradient accumulation); changes memory use, not the update.
+    Rounded down to whole groups when >= group_size, so that each prompt is encoded once per group."""
     lr: float = 3e-4
     """AdamW learning rate (tiny models need large ones; billion-parameter models about 1e-6 to 5e-6)."""
     weight_decay: float = 0.0

@@ -152,7 +152,9 @@ class Trainer:
         N = len(tokens)
         loss_mask = tokens.loss_mask  # (N, T)
         num_tokens = int(loss_mask.sum())
-        mbs = [list(range(i, min(i + g.micro_batch_size, N))) for i in range(0, N, g.micro_batch_size)]
+        # whole groups per micro-batch when they fit, so that each prompt is encoded once for its G rows
+        size = g.micro_batch_size // g.group_size * g.group_size or g.micro_batch_size
+        mbs = [list(range(i, min(i + size, N))) for i in range(0, N, size)]
 
         t1 = time.perf_counter()
         ref_lp, old_lp = [], []
