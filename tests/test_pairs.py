@@ -16,7 +16,7 @@ def _episode(env: CountingEnv, seed: int, split: str, completion: str) -> Episod
     return Episode(completion=completion, messages=messages, task=info)
 
 
-@pytest.mark.parametrize("name", ["number_match", "exact_match", "format"])
+@pytest.mark.parametrize("name", ["number_match", "number_distance", "exact_match", "format"])
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_counting_reference_answer_scores_one(name, split):
     env = CountingEnv(distractors=2)

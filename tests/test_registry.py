@@ -14,7 +14,7 @@ from mmgrpo.errors import ConfigError, RegistryError
 from mmgrpo.verifier import Episode, Verifier, check_verifier
 
 PLUGIN_DIR = Path(__file__).parent / "fixtures" / "plugin"
-BUILTIN_VERIFIERS = {"exact_match", "format", "number_match"}
+BUILTIN_VERIFIERS = {"exact_match", "format", "number_distance", "number_match"}
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +96,7 @@ def test_unknown_name_lists_names_and_suggests():
         registry.make_verifier("numbr_match")
     message = str(info.value)
     assert "Did you mean 'number_match'?" in message
-    assert "exact_match, format, number_match" in message  # sorted list of what exists
+    assert "exact_match, format, number_distance, number_match" in message  # sorted list of what exists
     with pytest.raises(RegistryError, match="Unknown env 'nope'"):
         registry.make_env("nope")
 

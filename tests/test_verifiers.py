@@ -268,3 +268,19 @@ def test_from_trl_wrong_length_and_raising_are_failures():
     )
     assert out.failures == {"short": 2, "accuracy_reward": 0}
     torch.testing.assert_close(out.total, torch.tensor([1.0, 1.0]))
+
+
+def test_number_distance_gives_partial_credit():
+    from mmgrpo.verifiers.answers import number_distance
+
+    def score(fn, text, answer="3"):
+        return fn(Episode(completion=text, task={"answer": answer}))
+
+    near = number_distance()  # scale 1: off by one -> 1 - 1/2
+    assert [score(near, f"<answer>{k}</answer>") for k in (3, 4, 2, 5, 0)] == [1.0, 0.5, 0.5, 0.0, 0.0]
+    wide = number_distance(scale=3)  # off by k -> 1 - k/4
+    assert [score(wide, f"<answer>{k}</answer>") for k in (3, 4, 5, 6, 7)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert score(near, "3") == 0.0 and score(near, "<answer>x</answer>") == 0.0
+    assert score(near, "<answer>4</answer>", answer=["4", "9"]) == 1.0  # the closest accepted target
+    with pytest.raises(ConfigError, match="scale"):
+        number_distance(scale=0)

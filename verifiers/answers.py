@@ -19,7 +19,7 @@ from typing import Any
 from mmgrpo.errors import ConfigError, VerifierError
 from mmgrpo.verifier import Episode, extract_tag
 
-__all__ = ["exact_match", "number_match", "parse_number"]
+__all__ = ["exact_match", "number_distance", "number_match", "parse_number"]
 
 # digits with optional thousands commas ("1,000"), optional fraction and exponent, optional sign
 _NUMBER = re.compile(
@@ -93,6 +93,30 @@ def number_match(
         return 0.0
 
     return number_score
+
+
+def number_distance(
+    tag: str | None = "answer", field: str = "answer", scale: float = 1.0
+) -> Callable[[Episode], float]:
+    """Partial credit for numbers: ``max(0, 1 - |predicted - target| / (scale + 1))``, 1.0 when exact.
+
+    A finer reward than ``number_match`` (GRPO.md's remedy for flat rewards): with ``scale = 1`` an
+    answer off by one scores 0.5 and one off by two or more scores 0. Tag absent or not a number: 0.0.
+    Against several accepted targets the closest counts.
+    """
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ConfigError(f"number_distance: scale must be a number > 0, got {scale!r}.")
+
+    def distance_score(episode: Episode) -> float:
+        targets = [_as_number(t, field) for t in _targets(episode, field)]
+        text = _answer_text(episode, tag)
+        predicted = parse_number(text) if text is not None else None
+        if predicted is None:
+            return 0.0
+        error = min(abs(predicted - t) for t in targets)
+        return max(0.0, 1.0 - error / (scale + 1.0))
+
+    return distance_score
 
 
 def exact_match(
