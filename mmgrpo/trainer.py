@@ -155,12 +155,12 @@ class Trainer:
         # whole groups per micro-batch when they fit, so that each prompt is encoded once for its G rows
         size = g.micro_batch_size // g.group_size * g.group_size or g.micro_batch_size
         mbs = [list(range(i, min(i + size, N))) for i in range(0, N, size)]
+        mb_tokens: list[TokenBatch] = [tokens.select(rows) for rows in mbs]  # padding trimmed per micro-batch
 
         t1 = time.perf_counter()
         ref_lp, old_lp = [], []
         with torch.no_grad():
-            for rows in mbs:
-                mb = tokens.select(rows)
+            for mb in mb_tokens:
                 ref_lp.append(
                     policy.logprobs(mb, temperature=g.temperature, reference=True) if g.beta > 0 else None
                 )
@@ -173,8 +173,7 @@ class Trainer:
         policy.model.train()
         for _ in range(g.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for k, rows in enumerate(mbs):
-                mb: TokenBatch = tokens.select(rows)
+            for k, (rows, mb) in enumerate(zip(mbs, mb_tokens, strict=True)):
                 logp = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
                 out = grpo_loss(
                     logp,
