@@ -32,9 +32,16 @@ def step(policy: Policy, tokens, share: bool) -> float:
     return time.perf_counter() - t0
 
 
-def gen(policy: Policy, prompt, group_size: int, max_new_tokens: int) -> float:
+def gen(policy: Policy, tokens, G: int, shared: bool, max_new_tokens: int) -> float:
+    """One rollout's generation: B prompts x G samples, shared prefill or HF generate on all rows."""
     t0 = time.perf_counter()
-    policy.generate(*prompt, max_new_tokens=max_new_tokens, temperature=1.0, group_size=group_size)
+    if shared:
+        heads = list(range(0, len(tokens), G))
+        args = (tokens.prompt_ids[heads], tokens.prompt_mask[heads], tokens.vision)
+        policy.generate(*args, max_new_tokens=max_new_tokens, temperature=1.0, num_samples=G)
+    else:
+        args = (tokens.prompt_ids, tokens.prompt_mask, tokens.row_vision())
+        policy.generate(*args, max_new_tokens=max_new_tokens, temperature=1.0)
     return time.perf_counter() - t0
 
 
@@ -60,19 +67,18 @@ def main() -> None:
         for _ in range(args.repeats):  # interleaved so that machine noise hits both alike
             for share in (False, True):
                 times[share].append(step(policy, tokens, share))
-        prompt = (tokens.prompt_ids, tokens.prompt_mask, tokens.vision)
-        gtimes = {1: [], G: []}
-        gen(policy, prompt, G, 8), gen(policy, prompt, 1, 8)  # warm-up
+        gtimes = {False: [], True: []}
+        gen(policy, tokens, G, True, 8), gen(policy, tokens, G, False, 8)  # warm-up
         for _ in range(args.repeats):
-            for g in (1, G):
-                gtimes[g].append(gen(policy, prompt, g, 8))
+            for shared in (False, True):
+                gtimes[shared].append(gen(policy, tokens, G, shared, 8))
     full, shared = statistics.median(times[False]), statistics.median(times[True])
     P, T = tokens.prompt_ids.shape[1], tokens.response_ids.shape[1]
     print(f"batch: {B} tasks x G={G} = {B * G} sequences, prompt {P} tokens (16 image), response {T} tokens")
     print(f"full forward+backward:   {full * 1000:7.1f} ms (median of {args.repeats})")
     print(f"shared prompt encoding:  {shared * 1000:7.1f} ms")
     print(f"speed-up: {full / shared:.2f}x   max |logp difference| {diff:.2e}")
-    hf, ours = statistics.median(gtimes[1]), statistics.median(gtimes[G]) if G > 1 else float("nan")
+    hf, ours = statistics.median(gtimes[False]), statistics.median(gtimes[True])
     print(f"rollout, HF generate on all rows:   {hf * 1000:7.1f} ms (8 new tokens, temperature 1)")
     print(f"rollout, shared prefill + decode:   {ours * 1000:7.1f} ms")
     print(f"speed-up: {hf / ours:.2f}x")

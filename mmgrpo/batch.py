@@ -71,8 +71,10 @@ class TokenBatch:
     prompt_ids (N, P) left-padded; prompt_mask (N, P) 1 on real tokens
     response_ids (N, T) right-padded; response_mask (N, T) 1 on real tokens
     loss_mask (N, T) 1 only on policy-generated tokens (0 on padding and environment tokens)
-    prompt_key: per row, an id of its prompt; rows with the same key have identical prompt tokens and
-                images (the G episodes of a group), which lets ``Policy.logprobs`` encode the prompt once.
+    vision: the images of the DISTINCT prompts, one entry per prompt
+    prompt_index: per row, which entry of ``vision`` (which distinct prompt) it belongs to; None means
+                  row i has entry i. The G episodes of a group share one entry, so their pixels are held
+                  once, and ``Policy.logprobs`` encodes their prompt once.
     """
 
     prompt_ids: Tensor
@@ -81,10 +83,18 @@ class TokenBatch:
     response_mask: Tensor
     loss_mask: Tensor
     vision: VisionInputs
-    prompt_key: list[int] | None = None
+    prompt_index: list[int] | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
+
+    def row_prompts(self) -> list[int]:
+        """Per row, its entry in ``vision``."""
+        return list(range(len(self))) if self.prompt_index is None else list(self.prompt_index)
+
+    def row_vision(self) -> VisionInputs:
+        """The vision inputs repeated per row (what a plain forward over all N rows needs)."""
+        return self.vision if self.prompt_index is None else self.vision.select(self.prompt_index)
 
     def select(self, rows: list[int]) -> TokenBatch:
         """Rows ``rows``, with columns that are padding in every selected row trimmed away."""
@@ -93,19 +103,22 @@ class TokenBatch:
         p_keep = int(pm.sum(dim=1).max())  # left padding: keep the last p_keep columns
         t_keep = max(int(rm.sum(dim=1).max()), 1)  # right padding: keep the first t_keep columns
         P = pm.shape[1]
+        owners = [self.row_prompts()[r] for r in rows]
+        distinct = list(dict.fromkeys(owners))  # the prompts these rows use, in order of first use
+        slot = {p: i for i, p in enumerate(distinct)}
         return TokenBatch(
             prompt_ids=self.prompt_ids[idx][:, P - p_keep :],
             prompt_mask=pm[:, P - p_keep :],
             response_ids=self.response_ids[idx][:, :t_keep],
             response_mask=rm[:, :t_keep],
             loss_mask=self.loss_mask[idx][:, :t_keep],
-            vision=self.vision.select(rows),
-            prompt_key=[self.prompt_key[r] for r in rows] if self.prompt_key is not None else None,
+            vision=self.vision.select(distinct),
+            prompt_index=[slot[p] for p in owners],
         )
 
     def shared_prompt_runs(self) -> int:
         """G when the rows come in consecutive runs of G (> 1) rows sharing one prompt, else 1."""
-        keys = self.prompt_key
+        keys = self.row_prompts()
         if not keys:
             return 1
         G = next((i for i, k in enumerate(keys) if k != keys[0]), len(keys))

@@ -198,22 +198,22 @@ class Policy:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
-        group_size: int = 1,
+        num_samples: int = 1,
     ) -> tuple[list[list[int]], list[bool]]:
-        """Sample one continuation per row (temperature 0 = greedy).
+        """Sample ``num_samples`` continuations of each prompt (temperature 0 = greedy).
 
-        Returns per row the generated ids up to and including the first end-of-turn token, and whether
-        that token was produced (False: the episode hit max_new_tokens, i.e. it is truncated).
-        With ``group_size`` G > 1 the rows come in runs of G sharing one prompt (the G episodes of a
-        task): each prompt and its images are encoded once and the decode loop runs on the repeated KV
-        cache. Otherwise Hugging Face ``generate`` runs on all rows.
+        prompt_ids, prompt_mask (B, P) and ``vision`` (one entry per prompt). Returns B * num_samples
+        rows, prompt b's samples at rows b*G .. b*G+G-1: the generated ids up to and including the first
+        end-of-turn token, and whether that token was produced (False: the episode hit max_new_tokens,
+        i.e. it is truncated). With num_samples G > 1 each prompt and its images are encoded once and
+        our decode loop runs on the KV cache repeated G times; with G = 1 Hugging Face ``generate`` runs.
         """
         model = self.model
         was_training = model.training
         model.eval()
-        if group_size > 1:
+        if num_samples > 1:
             new_ids = self._generate_shared(
-                prompt_ids, prompt_mask, vision, group_size, max_new_tokens, temperature, top_p, top_k
+                prompt_ids, prompt_mask, vision, num_samples, max_new_tokens, temperature, top_p, top_k
             )
             model.train(was_training)
             return self._cut_at_eos(new_ids.tolist())
@@ -258,7 +258,7 @@ class Policy:
         """Per-token log-probs of ``batch.response_ids`` under the policy (or the reference): (N, T).
 
         Differentiable for the policy; no graph for the reference. Positions outside response_mask hold
-        garbage that callers mask out. When rows come in groups sharing a prompt (``prompt_key``) and
+        garbage that callers mask out. When rows come in groups sharing a prompt (``prompt_index``) and
         ``share_prompt`` is on, each prompt (and its images) is encoded once and its key/value cache is
         repeated for the G responses: the same numbers and gradients, a fraction of the compute.
         """
@@ -288,22 +288,20 @@ class Policy:
         ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P + T)
         mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # (N, P + T)
         T = batch.response_ids.shape[1]
-        kw = self._model_inputs(ids, mask, batch.vision, model)
-        if batch.vision.empty or not self._uses_mrope(model):
+        vision = batch.row_vision()
+        kw = self._model_inputs(ids, mask, vision, model)
+        if vision.empty or not self._uses_mrope(model):
             kw["position_ids"] = self._text_positions(mask, model)
         logits = model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
         return logits[:, :-1, :]  # (N, T, V): logits at column P+t-1 predict response token t
 
-    def _prefill_shared(self, model, prompt_ids: Tensor, prompt_mask: Tensor, vision: VisionInputs, G: int):
-        """Encode the N/G distinct prompts (rows 0, G, 2G, ...) once and repeat the result G times.
+    def _prefill_shared(self, model, p_ids: Tensor, p_mask: Tensor, pv: VisionInputs, G: int):
+        """Encode B distinct prompts once and repeat the result G times (row b -> rows bG .. bG+G-1).
 
-        Returns the logits predicting the first response token (N, V), the KV cache repeated to N rows,
-        and the per-row offset that M-RoPE models add to text positions after images ((N, 1) or None).
+        p_ids, p_mask (B, P); pv their images. Returns the logits predicting the first response token
+        (B*G, V), the KV cache repeated to B*G rows, and the per-row offset that M-RoPE models add to text
+        positions after images ((B*G, 1) or None).
         """
-        N = prompt_ids.shape[0]
-        heads = list(range(0, N, G))  # first row of each group
-        pv = vision.select(heads)
-        p_ids, p_mask = prompt_ids[heads], prompt_mask[heads]  # (B, P)
         kw = self._model_inputs(p_ids, p_mask, pv, model)
         mrope_images = self._uses_mrope(model) and not pv.empty
         if not mrope_images:
@@ -327,9 +325,12 @@ class Policy:
 
     def _response_logits_shared(self, model, batch: TokenBatch, G: int) -> Tensor:
         """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses."""
-        P = batch.prompt_ids.shape[1]
+        N, P = batch.prompt_ids.shape
+        heads = list(range(0, N, G))  # first row of each group
+        owners = batch.row_prompts()
+        pv = batch.vision.select([owners[h] for h in heads])
         first, cache, delta = self._prefill_shared(
-            model, batch.prompt_ids, batch.prompt_mask, batch.vision, G
+            model, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G
         )
         full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(self.device)  # (N, P + T)
         rest = model(
@@ -352,12 +353,13 @@ class Policy:
         top_p: float,
         top_k: int,
     ) -> Tensor:
-        """Sample N continuations with one prompt encoding per group: the decode loop of HF generate,
-        minus the G-fold prefill. Returns the new ids (N, <= max_new_tokens), pad after end-of-turn."""
+        """Sample G continuations of each of B prompts with one prompt encoding each: the decode loop of
+        HF generate, minus the G-fold prefill. Returns the new ids (B*G, <= max_new_tokens), pad after
+        end-of-turn."""
         model = self.model
         logits, cache, delta = self._prefill_shared(model, prompt_ids, prompt_mask, vision, G)  # (N, V)
-        mask = prompt_mask.to(self.device)  # (N, P), grows by one column per step
-        done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=self.device)  # (N,)
+        mask = prompt_mask.repeat_interleave(G, dim=0).to(self.device)  # (N, P), grows a column per step
+        done = torch.zeros(mask.shape[0], dtype=torch.bool, device=self.device)  # (N,)
         steps = []
         for _ in range(max_new_tokens):
             nxt = sample_tokens(logits, temperature, top_p, top_k, self.suppress_ids)  # (N,)

@@ -112,17 +112,15 @@ def rollout(
             "(model.max_pixels). Image tokens are never truncated."
         )
     rows = [b for b in range(B) for _ in range(G)]  # row i belongs to group i // G
-    idx = torch.as_tensor(rows)
-    row_ids, row_mask, row_vision = prompt_ids[idx], prompt_mask[idx], vision.select(rows)  # (N, P)
     completions, finished = policy.generate(
-        row_ids,
-        row_mask,
-        row_vision,
+        prompt_ids,
+        prompt_mask,
+        vision,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
-        group_size=G,
+        num_samples=G,
     )
 
     trajectories = []
@@ -152,7 +150,8 @@ def rollout(
 
     response_ids, response_mask = pad_right([t.response_ids for t in trajectories], policy.pad_token_id)
     loss_mask, _ = pad_right([t.loss_mask for t in trajectories], 0)  # (N, T)
-    tokens = TokenBatch(
-        row_ids, row_mask, response_ids, response_mask, loss_mask, row_vision, prompt_key=rows
+    idx = torch.as_tensor(rows)
+    tokens = TokenBatch(  # the prompt's ids repeated per row; its pixels held once (prompt_index)
+        prompt_ids[idx], prompt_mask[idx], response_ids, response_mask, loss_mask, vision, prompt_index=rows
     )
     return RolloutBatch(trajectories, tokens, G)

@@ -69,6 +69,16 @@ def test_rollout_masks_only_sampled_tokens(counting_batch, tiny_policy):
         assert tiny_policy.image_token_id not in t.response_ids  # placeholders are never sampled
 
 
+def test_group_pixels_are_held_once(counting_batch):
+    tok = counting_batch.tokens
+    assert tok.prompt_index == [b for b in range(3) for _ in range(4)]
+    assert tok.vision.images_per_seq == [1, 1, 1]  # three prompts' images, not twelve copies
+    assert tok.row_vision().pixel_values.shape[0] == 4 * tok.vision.pixel_values.shape[0]
+    mb = tok.select([4, 5, 6, 7, 8])  # rows of groups 1 and 2
+    assert mb.prompt_index == [0, 0, 0, 0, 1] and mb.vision.images_per_seq == [1, 1]
+    torch.testing.assert_close(mb.vision.pixel_values, tok.vision.select([1, 2]).pixel_values)
+
+
 def test_shared_prompt_logprobs_equal_full_forward(counting_batch, tiny_policy):
     """Encoding each prompt once and repeating its KV cache gives the same numbers and gradients."""
     tok, model = counting_batch.tokens, tiny_policy.model
@@ -97,7 +107,7 @@ def test_greedy_tokens_are_the_argmax_of_the_training_forward(tiny_policy):
     with torch.no_grad():
         ids = torch.cat([tok.prompt_ids, tok.response_ids], 1)
         mask = torch.cat([tok.prompt_mask, tok.response_mask], 1)
-        kw = tiny_policy._model_inputs(ids, mask, tok.vision, tiny_policy.model)
+        kw = tiny_policy._model_inputs(ids, mask, tok.row_vision(), tiny_policy.model)
         T = tok.response_ids.shape[1]
         logits = tiny_policy.model(**kw, logits_to_keep=T + 1).logits[:, :-1]  # (N, T, V)
         lp = tiny_policy.logprobs(tok)
@@ -134,9 +144,8 @@ def test_shared_prefill_generation_matches_hf_generate_greedy(tiny_policy):
     prompts = [env.reset(seed=s)[0] for s, env in enumerate(envs)]
     ids, mask, vision = tiny_policy.encode_prompts(prompts)
     rows = [b for b in range(3) for _ in range(4)]
-    args = (ids[rows], mask[rows], vision.select(rows))
-    hf = tiny_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=1)
-    shared = tiny_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=4)
+    hf = tiny_policy.generate(ids[rows], mask[rows], vision.select(rows), max_new_tokens=6, temperature=0.0)
+    shared = tiny_policy.generate(ids, mask, vision, max_new_tokens=6, temperature=0.0, num_samples=4)
     assert shared == hf
 
 

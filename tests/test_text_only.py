@@ -219,7 +219,16 @@ def test_kwargs_validation(kwargs, match):
 def test_shared_prefill_generation_matches_hf_generate_greedy(math_batch, text_policy):
     """Left-padded text prompts of different lengths: the shared-prefill decode loop gives HF's ids."""
     tok = math_batch.tokens
-    args = (tok.prompt_ids, tok.prompt_mask, tok.vision)
-    hf = text_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=1)
-    shared = text_policy.generate(*args, max_new_tokens=6, temperature=0.0, group_size=4)
+    heads = list(range(0, len(tok), 4))
+    hf = text_policy.generate(
+        tok.prompt_ids, tok.prompt_mask, tok.row_vision(), max_new_tokens=6, temperature=0.0
+    )
+    shared = text_policy.generate(
+        tok.prompt_ids[heads],
+        tok.prompt_mask[heads],
+        tok.vision,
+        max_new_tokens=6,
+        temperature=0.0,
+        num_samples=4,
+    )
     assert shared == hf
