@@ -40,3 +40,20 @@ def small_run():
         return [x for item in (*SMALL_RUN, *extra) for x in ("--set", item)]
 
     return sets
+
+
+@pytest.fixture
+def train_small(small_run):
+    """``train_small(config, model_dir, out)``: ``mmgrpo train`` for two small steps; returns
+    (GRPO step records, all records of metrics.jsonl)."""
+    import json
+
+    from mmgrpo.cli import main
+
+    def run(config: str, model_dir, out) -> tuple[list[dict], list[dict]]:
+        sets = small_run(f"model.path={model_dir}", f"output_dir={out}")
+        assert main(["train", config, *sets, "--no-progress"]) == 0
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in records if "stage" not in r], records
+
+    return run

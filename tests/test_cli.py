@@ -29,13 +29,11 @@ def test_config_reference_page_is_up_to_date():
     assert config_reference(markdown=True) in page, "regenerate with: mmgrpo config-reference --markdown"
 
 
-def test_train_two_steps_then_eval(tiny_model_dir, tmp_path, capsys, small_run):
+def test_train_two_steps_then_eval(tiny_model_dir, tmp_path, capsys, small_run, train_small):
     out = tmp_path / "run"
     cfg = str(ROOT / "examples" / "counting_tiny.yaml")
+    grpo, records = train_small(cfg, tiny_model_dir, out)
     sets = small_run(f"model.path={tiny_model_dir}", f"output_dir={out}")
-    assert main(["train", cfg, *sets, "--no-progress"]) == 0
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    grpo = [r for r in records if "stage" not in r]
     assert [r["step"] for r in grpo] == [1, 2]
     for key in (
         "reward",

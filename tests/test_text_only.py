@@ -9,7 +9,6 @@ shared-prompt (KV cache repeated) forward all agree.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -140,13 +139,11 @@ def test_greedy_tokens_are_the_argmax_of_the_training_forward(text_policy):
     torch.testing.assert_close(lp[m], logits.log_softmax(-1).max(-1).values[m], atol=1e-5, rtol=1e-5)
 
 
-def test_train_two_steps_then_eval(text_model_dir, tmp_path, capsys, small_run):
+def test_train_two_steps_then_eval(text_model_dir, tmp_path, capsys, small_run, train_small):
     out = tmp_path / "run"
     cfg = str(ROOT / "examples" / "text_math_tiny.yaml")
+    grpo, records = train_small(cfg, text_model_dir, out)
     sets = small_run(f"model.path={text_model_dir}", f"output_dir={out}")
-    assert main(["train", cfg, *sets, "--no-progress"]) == 0
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    grpo = [r for r in records if "stage" not in r]
     assert [r["step"] for r in grpo] == [1, 2]
     assert all(r["env_errors"] == 0 and r["verifier_failures"] == 0 for r in grpo)
     assert (out / "final" / "config.json").is_file()

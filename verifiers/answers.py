@@ -68,6 +68,13 @@ def _as_number(value: Any, field: str) -> float:
     )
 
 
+def _prediction(episode: Episode, tag: str | None, field: str) -> tuple[float | None, list[float]]:
+    """The number the completion gives inside ``<tag>`` (None if none) and the accepted target numbers."""
+    targets = [_as_number(t, field) for t in _targets(episode, field)]
+    text = _answer_text(episode, tag)
+    return (parse_number(text) if text is not None else None), targets
+
+
 def number_match(
     tag: str | None = "answer", field: str = "answer", tolerance: float = 0.0, relative: bool = False
 ) -> Callable[[Episode], float]:
@@ -81,9 +88,7 @@ def number_match(
         raise ConfigError(f"number_match: tolerance must be a number >= 0, got {tolerance!r}.")
 
     def number_score(episode: Episode) -> float:
-        targets = [_as_number(t, field) for t in _targets(episode, field)]
-        text = _answer_text(episode, tag)
-        predicted = parse_number(text) if text is not None else None
+        predicted, targets = _prediction(episode, tag, field)
         if predicted is None:
             return 0.0
         for target in targets:
@@ -108,9 +113,7 @@ def number_distance(
         raise ConfigError(f"number_distance: scale must be a number > 0, got {scale!r}.")
 
     def distance_score(episode: Episode) -> float:
-        targets = [_as_number(t, field) for t in _targets(episode, field)]
-        text = _answer_text(episode, tag)
-        predicted = parse_number(text) if text is not None else None
+        predicted, targets = _prediction(episode, tag, field)
         if predicted is None:
             return 0.0
         error = min(abs(predicted - t) for t in targets)
