@@ -54,6 +54,36 @@ class VisionInputs:
         grid = [self.image_grid_thw[slice(*img_spans[r])] for r in rows]
         return VisionInputs(torch.cat(pix), torch.cat(grid), [self.images_per_seq[r] for r in rows])
 
+    @staticmethod
+    def concat_rows(parts: list[VisionInputs]) -> VisionInputs:
+        """One VisionInputs whose sequences are those of ``parts``, in order (the rows of each part)."""
+        filled = [p for p in parts if not p.empty]
+        per_seq = [k for p in parts for k in p.images_per_seq]
+        if not filled:
+            return VisionInputs(images_per_seq=per_seq)
+        return VisionInputs(
+            torch.cat([p.pixel_values for p in filled]),
+            torch.cat([p.image_grid_thw for p in filled]),
+            per_seq,
+        )
+
+    @staticmethod
+    def join(first: VisionInputs, then: VisionInputs) -> VisionInputs:
+        """Per sequence, the images of ``first`` followed by those of ``then`` (same number of sequences)."""
+        if then.empty:
+            return first
+        if first.empty:
+            return VisionInputs(then.pixel_values, then.image_grid_thw, list(then.images_per_seq))
+        pieces = [
+            part.select([r])
+            for r in range(len(first.images_per_seq))
+            for part in (first, then)
+            if part.images_per_seq[r]
+        ]
+        joined = VisionInputs.concat_rows(pieces)
+        counts = [a + b for a, b in zip(first.images_per_seq, then.images_per_seq, strict=True)]
+        return VisionInputs(joined.pixel_values, joined.image_grid_thw, counts)
+
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> VisionInputs:
         if self.empty:
             return self
@@ -75,6 +105,8 @@ class TokenBatch:
     prompt_index: per row, which entry of ``vision`` (which distinct prompt) it belongs to; None means
                   row i has entry i. The G episodes of a group share one entry, so their pixels are held
                   once, and ``Policy.logprobs`` encodes their prompt once.
+    response_vision: per row, the images inside its response (a tool's crop or zoom, in order), or None
+                  when no response holds an image. Each belongs to its row only.
     """
 
     prompt_ids: Tensor
@@ -84,6 +116,7 @@ class TokenBatch:
     loss_mask: Tensor
     vision: VisionInputs
     prompt_index: list[int] | None = None
+    response_vision: VisionInputs | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -92,9 +125,16 @@ class TokenBatch:
         """Per row, its entry in ``vision``."""
         return list(range(len(self))) if self.prompt_index is None else list(self.prompt_index)
 
+    @property
+    def has_response_images(self) -> bool:
+        return self.response_vision is not None and not self.response_vision.empty
+
     def row_vision(self) -> VisionInputs:
-        """The vision inputs repeated per row (what a plain forward over all N rows needs)."""
-        return self.vision if self.prompt_index is None else self.vision.select(self.prompt_index)
+        """Per row, every image of its sequence in order: the prompt's, then the response's."""
+        prompt = self.vision if self.prompt_index is None else self.vision.select(self.prompt_index)
+        if not self.has_response_images:
+            return prompt
+        return VisionInputs.join(prompt, self.response_vision)
 
     def select(self, rows: list[int]) -> TokenBatch:
         """Rows ``rows``, with columns that are padding in every selected row trimmed away."""
@@ -114,6 +154,7 @@ class TokenBatch:
             loss_mask=self.loss_mask[idx][:, :t_keep],
             vision=self.vision.select(distinct),
             prompt_index=[slot[p] for p in owners],
+            response_vision=self.response_vision.select(rows) if self.has_response_images else None,
         )
 
     def shared_prompt_runs(self) -> int:
