@@ -16,12 +16,16 @@ made (or described), so listing names is cheap. A plugin that fails to import be
 entry point, its distribution and the exception, and that one name is dropped; everything else keeps working.
 
 An env factory is ``(**kwargs) -> ChatEnv``; a verifier factory is ``(**kwargs) -> fn(episode) -> float``
-or a ``Verifier``. This module knows nothing about what the entries do.
+or a ``Verifier``. A verifier entry may instead be a TRL-style reward function
+``f(completions, **kwargs) -> list[float]``, recognised by its ``completions`` parameter: it is not called
+as a factory but wrapped with :func:`mmgrpo.verifier.from_trl`, the config's keyword arguments bound to it
+with ``functools.partial``. This module knows nothing about what the entries do.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -30,11 +34,12 @@ from importlib import metadata
 from typing import Any
 
 from mmgrpo.errors import ConfigError, EnvError, RegistryError, did_you_mean
-from mmgrpo.verifier import Verifier
+from mmgrpo.verifier import Verifier, from_trl
 
 __all__ = [
     "Registry",
     "describe",
+    "is_trl_reward",
     "list_envs",
     "list_verifiers",
     "make_env",
@@ -58,6 +63,22 @@ class _Entry:
 def _dist_name(ep: metadata.EntryPoint) -> str | None:
     dist = getattr(ep, "dist", None)
     return getattr(dist, "name", None) if dist is not None else None
+
+
+def _keyword_names(signature: inspect.Signature) -> list[str]:
+    return [
+        p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+
+
+def _suggest(kwargs: dict[str, Any], signature: inspect.Signature) -> str:
+    accepted = _keyword_names(signature)
+    return "".join(did_you_mean(k, accepted) for k in kwargs if k not in accepted)
+
+
+def _shown(obj: Any, signature: inspect.Signature) -> str:
+    shown = signature.replace(return_annotation=inspect.Signature.empty)
+    return f"{getattr(obj, '__qualname__', obj)}{shown}"
 
 
 def _first_doc_line(obj: Any) -> str:
@@ -186,16 +207,9 @@ class Registry:
             try:
                 signature.bind(**kwargs)
             except TypeError as exc:
-                accepted = [
-                    p.name
-                    for p in signature.parameters.values()
-                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                ]
-                suggestions = "".join(did_you_mean(k, accepted) for k in kwargs if k not in accepted)
-                shown = signature.replace(return_annotation=inspect.Signature.empty)
                 raise ConfigError(
-                    f"{self.kind} '{name}': {exc}.{suggestions} Its factory is "
-                    f"{getattr(factory, '__qualname__', factory)}{shown}.{hint}"
+                    f"{self.kind} '{name}': {exc}.{_suggest(kwargs, signature)} Its factory is "
+                    f"{_shown(factory, signature)}.{hint}"
                 ) from None
         return factory(**kwargs)
 
@@ -229,11 +243,11 @@ def register_env(name: str, factory: Callable[..., Any], overwrite: bool = False
     ENVS.register(name, factory, overwrite=overwrite)
 
 
-def make_env(name: str, **kwargs: Any) -> Any:
+def make_env(name: str, /, **kwargs: Any) -> Any:
     """Build the environment registered as ``name`` with ``kwargs``.
 
     Unknown names raise RegistryError (listing what exists); kwargs the factory does not take raise
-    ConfigError showing its signature.
+    ConfigError showing its signature. ``name`` is positional-only, so a factory may take a ``name`` setting.
     """
     env = ENVS.call(name, kwargs)
     if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
@@ -250,22 +264,37 @@ def list_envs() -> list[str]:
 
 
 def register_verifier(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:
-    """Register a verifier factory ``(**kwargs) -> fn(episode) -> float | Verifier`` under ``name``."""
+    """Register a verifier factory ``(**kwargs) -> fn(episode) -> float | Verifier`` under ``name``.
+
+    A TRL-style reward function ``f(completions, **kwargs) -> list[float]`` may be registered as it is (see
+    :func:`make_verifier`).
+    """
     VERIFIERS.register(name, factory, overwrite=overwrite)
 
 
-def make_verifier(name: str, weight: float = 1.0, **kwargs: Any) -> Verifier:
+def make_verifier(name: str, /, weight: float = 1.0, **kwargs: Any) -> Verifier:
     """Build the verifier registered as ``name``: ``factory(**kwargs)`` wrapped as ``Verifier(name, fn, weight)``.
 
     When the factory returns a Verifier, its ``fn`` and ``batched`` are kept and ``name``/``weight`` set
     from here. To use one verifier twice with different settings, rename one copy:
-    ``dataclasses.replace(v, name="...")``.
+    ``dataclasses.replace(v, name="...")``. ``name`` is positional-only, so a factory may take a ``name``
+    setting (``weight`` is always the verifier's weight).
+
+    A TRL-style reward function ``f(completions, **kwargs) -> list[float]`` (any callable with a
+    ``completions`` parameter) is wrapped with ``from_trl(functools.partial(f, **kwargs), name, weight)``:
+    ``kwargs`` are its settings and must name its parameters (or it takes ``**kwargs``); the per-episode
+    arguments (``completions``, ``prompts``, the task fields) come at scoring time. The extra setting
+    ``conversational=False`` (unless ``f`` has such a parameter) passes plain-string completions.
     """
+    factory = VERIFIERS.get(name)
+    if is_trl_reward(factory):
+        return _trl_verifier(name, factory, weight, kwargs)
     made = VERIFIERS.call(
         name,
         kwargs,
-        hint=" (A verifier factory takes settings and returns fn(episode) -> float; if you registered the "
-        "scoring function itself, register `lambda: fn` instead.)",
+        hint=" (A verifier factory takes settings and returns fn(episode) -> float; a TRL-style reward "
+        "function f(completions, **kwargs) is recognised by its `completions` parameter. If you registered "
+        "fn(episode) itself, register `lambda: fn` instead.)",
     )
     if isinstance(made, Verifier):
         return dataclasses.replace(made, name=name, weight=weight)
@@ -275,6 +304,50 @@ def make_verifier(name: str, weight: float = 1.0, **kwargs: Any) -> Verifier:
             f"fn(episode) -> float or a Verifier."
         )
     return Verifier(name=name, fn=made, weight=weight)
+
+
+def is_trl_reward(obj: Any) -> bool:
+    """True for a TRL-style reward function: a callable (not a class) with a parameter named ``completions``."""
+    if inspect.isclass(obj) or not callable(obj):
+        return False
+    signature = _signature(obj)
+    return signature is not None and "completions" in signature.parameters
+
+
+_TRL_ARGUMENTS = ("completions", "prompts", "completion_ids")  # given per batch, never by a config
+
+
+def _trl_verifier(name: str, fn: Callable[..., Any], weight: float, kwargs: dict[str, Any]) -> Verifier:
+    """``from_trl(partial(fn, **settings))``, after checking the settings against ``fn``'s signature."""
+    signature = _signature(fn)
+    assert signature is not None  # is_trl_reward read it
+    params = signature.parameters
+    settings = dict(kwargs)
+    conversational = True
+    if "conversational" in settings and "conversational" not in params:
+        conversational = settings.pop("conversational")
+        if not isinstance(conversational, bool):
+            raise ConfigError(
+                f"verifier '{name}': conversational must be true (completions as chat messages, TRL's "
+                f"format for chat prompts) or false (plain strings), got {conversational!r}."
+            )
+    shown = _shown(fn, signature)
+    for key in settings:
+        if key in _TRL_ARGUMENTS:
+            raise ConfigError(
+                f"verifier '{name}': '{key}' cannot be set in the config; it is the TRL-style reward "
+                f"function's per-batch argument, passed when episodes are scored. The function is {shown}."
+            )
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in settings if k not in _keyword_names(signature)]
+    if unknown and not takes_any:
+        raise ConfigError(
+            f"verifier '{name}': unexpected setting(s) {unknown} for the TRL-style reward function "
+            f"{shown}.{_suggest(settings, signature)} Settings must name its keyword parameters; the other "
+            f"arguments (completions, prompts, task fields such as answer) are passed when scoring."
+        )
+    bound = functools.partial(fn, **settings) if settings else fn
+    return from_trl(bound, name=name, weight=weight, conversational=conversational)
 
 
 def list_verifiers() -> list[str]:

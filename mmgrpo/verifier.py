@@ -4,7 +4,13 @@ A verifier looks at a finished :class:`Episode` (final assistant text, the whole
 fields from ``env.reset`` such as ``answer``) and returns a float. :class:`Rewards` combines several of them
 into one reward per episode::
 
-    total[i] = sum_v weight_v * value_v[i]  (+ episode.env_reward, unless include_env_reward=False)
+    total[i] = sum_v weight_v * value_v[i]  (+ episode.env_reward, see below)
+
+The environment's own reward (``episode.env_reward``, summed over steps) is added once, unweighted, when
+``include_env_reward=True`` (the default) -- unless an env-reward verifier is present: one named
+``"env_reward"`` (``verifiers: [{name: env_reward}]``, :func:`mmgrpo.verifiers.env_reward`) or whose
+function carries ``passes_env_reward = True``. That verifier already puts the env reward into the total,
+weighted and logged as ``reward/env_reward``, so it is not added a second time.
 
 A bad episode is data, not a crash: a verifier that raises, returns something that is not a finite number,
 or (batched) returns a list of the wrong length scores 0.0 for the episodes concerned, and the failure is
@@ -18,6 +24,8 @@ This module knows nothing about models or training; torch is imported only when 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 import re
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "ENV_REWARD",
     "Episode",
     "RewardBreakdown",
     "Rewards",
@@ -38,7 +47,11 @@ __all__ = [
     "check_verifier",
     "extract_tag",
     "from_trl",
+    "passes_env_reward",
 ]
+
+ENV_REWARD = "env_reward"
+"""The verifier name that takes over the environment's reward in :class:`Rewards` (see the module docstring)."""
 
 MAX_ERRORS = 8
 """How many failure messages one :meth:`Rewards.score` call keeps (the counts are always complete)."""
@@ -177,8 +190,11 @@ class RewardBreakdown:
 class Rewards:
     """A composition of verifiers: ``Rewards([v1, v2]).score(episodes) -> RewardBreakdown``.
 
-    ``include_env_reward``: add each episode's ``env_reward`` (the environment's own reward) to the total.
-    Never raises on a verifier's failure; see the module docstring.
+    ``include_env_reward``: add each episode's ``env_reward`` (the environment's own reward) to the total,
+    unweighted -- except when an env-reward verifier is present (a verifier named ``"env_reward"``, or whose
+    ``fn`` has ``passes_env_reward = True``): it already counts the env reward, with its weight, so it is not
+    added again (:attr:`adds_env_reward` is then False). With ``include_env_reward=False`` only such a
+    verifier brings the env reward in. Never raises on a verifier's failure; see the module docstring.
     """
 
     def __init__(self, verifiers: Iterable[Verifier], include_env_reward: bool = True) -> None:
@@ -197,6 +213,11 @@ class Rewards:
                     f"Give one of them another name."
                 )
             seen.add(v.name)
+
+    @property
+    def adds_env_reward(self) -> bool:
+        """Whether :meth:`score` adds ``episode.env_reward`` to the total itself (unweighted, not logged)."""
+        return self.include_env_reward and not any(passes_env_reward(v) for v in self.verifiers)
 
     @property
     def names(self) -> list[str]:
@@ -226,7 +247,7 @@ class Rewards:
             per_verifier[v.name] = torch.tensor(values, dtype=torch.float32)  # (N,)
             for i, value in enumerate(values):
                 total[i] += v.weight * value
-        if self.include_env_reward:
+        if self.adds_env_reward:
             for i, ep in enumerate(episodes):
                 try:
                     total[i] += _as_float(ep.env_reward, "env_reward", i)
@@ -239,6 +260,11 @@ class Rewards:
             failures=failures,
             errors=errors,
         )
+
+
+def passes_env_reward(verifier: Verifier) -> bool:
+    """True for a verifier that scores the environment's own reward (see :class:`Rewards`)."""
+    return verifier.name == ENV_REWARD or bool(getattr(verifier.fn, "passes_env_reward", False))
 
 
 def _keep(errors: list[str], message: str) -> None:
@@ -303,16 +329,27 @@ def from_trl(
     - ``prompts``: each episode's messages before its final assistant message;
     - every task field as a list (``answer=[...]``; ``None`` where an episode's task lacks the field).
 
-    ``completion_ids`` is not passed (write ``**kwargs`` as TRL's docs do). A ``None`` in the returned list
+    ``completion_ids`` is not passed (write ``**kwargs`` as TRL's docs do). A function without ``**kwargs``
+    gets only the arguments it names (TRL would fail on the others). A ``None`` in the returned list
     means "not applicable" (TRL semantics) and counts as 0.0, not as a failure. ``name`` defaults to
     ``fn.__name__``.
+
+    Settings bound with ``functools.partial(fn, key=value)`` win over a task field of the same name (that
+    field is not passed); this is how the registry passes a config's keyword arguments to such a function.
     """
     if not callable(fn):
         raise ConfigError(
             f"from_trl expects a reward function f(completions, **kwargs), got {type(fn).__name__}."
         )
+    inner = fn
+    bound: set[str] = set()  # keywords fixed by functools.partial: task fields must not override them
+    while isinstance(inner, functools.partial):
+        bound.update(inner.keywords)
+        inner = inner.func
     if name is None:
-        name = getattr(fn, "__name__", None) or type(fn).__name__
+        name = getattr(inner, "__name__", None) or type(inner).__name__
+    skip = {"completions", "prompts", *bound}
+    accepted = _named_parameters(fn)  # None: it takes **kwargs (or cannot be inspected), pass everything
 
     def trl_batch(episodes: list[Episode]) -> list[Any]:
         if conversational:
@@ -322,8 +359,10 @@ def from_trl(
         keys: dict[str, None] = {}  # ordered union of the task fields
         for ep in episodes:
             keys.update(dict.fromkeys(ep.task))
-        kwargs = {k: [ep.task.get(k) for ep in episodes] for k in keys if k not in ("completions", "prompts")}
+        kwargs = {k: [ep.task.get(k) for ep in episodes] for k in keys if k not in skip}
         kwargs["prompts"] = [_prompt_of(ep.messages) for ep in episodes]
+        if accepted is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
         values = fn(completions=completions, **kwargs)
         if values is None:
             raise VerifierError(
@@ -332,8 +371,19 @@ def from_trl(
         return [0.0 if value is None else value for value in values]
 
     trl_batch.__name__ = f"trl_{name}"
-    trl_batch.__doc__ = getattr(fn, "__doc__", None)
+    trl_batch.__doc__ = getattr(inner, "__doc__", None)
     return Verifier(name=name, fn=trl_batch, weight=weight, batched=True)
+
+
+def _named_parameters(fn: Callable[..., Any]) -> set[str] | None:
+    """The keyword-passable parameter names of ``fn``, or None when it takes ``**kwargs`` or has no signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def _prompt_of(messages: list) -> list:

@@ -194,6 +194,67 @@ def test_listing_does_not_import_plugins(plugin_on_path):
     assert "demo_broken" in names
 
 
+# -- TRL-style reward functions ----------------------------------------------------------------------------
+def short_reward(completions, max_chars=5, **kwargs):
+    """TRL-style, standard (string) format: 1.0 for a completion of at most max_chars characters."""
+    return [1.0 if len(c) <= max_chars else 0.0 for c in completions]
+
+
+def test_trl_function_from_a_plugin_is_wrapped_not_called(plugin_on_path):
+    v = registry.make_verifier("demo_trl", weight=2.0)
+    assert (v.name, v.weight, v.batched) == ("demo_trl", 2.0, True)
+    # sample completions that mention the answer "3": the first and the third
+    assert check_verifier(v, sample_episodes()) == [1.0, 0.0, 1.0, 0.0, 0.0]
+    half = registry.make_verifier("demo_trl", bonus=0.5)  # a config setting, bound with functools.partial
+    assert check_verifier(half, sample_episodes()) == [0.5, 0.0, 0.5, 0.0, 0.0]
+    assert registry.VERIFIERS.source("demo_trl") == "plugin mmgrpo-demo-plugin"
+    with pytest.warns(UserWarning, match="demo_broken"):
+        table = registry.describe()
+    assert any("demo_trl" in line and "mentions the answer" in line for line in table.splitlines())
+
+
+def test_trl_function_registered_in_code():
+    registry.register_verifier("short", short_reward)
+    assert registry.is_trl_reward(short_reward) and not registry.is_trl_reward(shout_reward)
+    v = registry.make_verifier("short", max_chars=3, conversational=False)
+    assert check_verifier(v, sample_episodes()) == [0.0, 0.0, 1.0, 1.0, 0.0]
+    # conversational (the default): each completion is [{"role": "assistant", ...}], a list of length 1
+    assert check_verifier(registry.make_verifier("short", max_chars=3), sample_episodes()) == [1.0] * 5
+
+
+def test_trl_settings_win_over_task_fields():
+    def matches(completions, target, **kwargs):
+        return [1.0 if c[0]["content"] == str(target) else 0.0 for c in completions]
+
+    registry.register_verifier("matches", matches)
+    episodes = [Episode("x", task={"target": "y"}), Episode("y", task={"target": "y"})]
+    assert check_verifier(registry.make_verifier("matches", target="x"), episodes) == [1.0, 0.0]
+
+
+def test_trl_bad_settings_teach():
+    def strict(completions, answer, scale: float = 1.0):
+        return [scale] * len(completions)
+
+    registry.register_verifier("strict", strict)
+    with pytest.raises(
+        ConfigError, match=r"verifier 'strict'.*\['scal'\].*strict\(completions.*Did you mean 'scale'\?"
+    ):
+        registry.make_verifier("strict", scal=2.0)
+    with pytest.raises(ConfigError, match="'completions' cannot be set in the config"):
+        registry.make_verifier("strict", completions=[])
+    with pytest.raises(ConfigError, match="conversational must be true"):
+        registry.make_verifier("strict", conversational="no")
+    v = registry.make_verifier("strict", scale=0.5)
+    assert check_verifier(v, [Episode("a", task={"answer": "1"})]) == [0.5]
+
+
+def test_a_factory_may_take_a_name_setting():
+    registry.register_verifier("named", lambda name="x": lambda episode: float(episode.completion == name))
+    assert registry.make_verifier("named", name="hi").fn(Episode("hi")) == 1.0
+    registry.register_env("named_env", lambda name="x": ToyEnv(colour=name))
+    assert registry.make_env("named_env", name="blue").colour == "blue"
+
+
 # -- every registered verifier keeps the protocol ----------------------------------------------------------
 def _registered_verifiers() -> list[str]:
     registry._reset_for_tests()
