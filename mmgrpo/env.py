@@ -217,6 +217,45 @@ def check_split(split: Any) -> str:
     return split
 
 
+def start_task(env: ChatEnv, seed: Any, options: Any) -> tuple[Task, dict[str, Any]]:
+    """The ``reset`` of a task env (``SingleTurnEnv``, ``ToolEnv``): validate ``seed`` and ``options``, seed
+    ``env.np_random`` the gymnasium way, draw a seed from it when ``seed`` is None and call
+    ``env.make_task(seed, split)``. Returns the task and its info (``task.info`` plus ``seed`` and ``split``).
+    """
+    name = type(env).__name__
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise EnvError(f"{name}.reset: seed must be a non-negative int or None, got {seed!r}")
+        seed = int(seed)
+    gymnasium.Env.reset(env, seed=seed)
+    if options is not None and not isinstance(options, dict):
+        raise EnvError(f"{name}.reset: options must be a dict or None, got {type(options).__name__}")
+    split = check_split((options or {}).get("split", "train"))
+    if seed is None:
+        seed = int(env.np_random.integers(0, 2**31 - 1))
+    task = env.make_task(seed, split)
+    if not isinstance(task, Task):
+        raise EnvError(
+            f"{name}.make_task returned {type(task).__name__}; return "
+            "Task(messages=[...], info={...}) (from mmgrpo.env import Task)"
+        )
+    return task, dict(task.info, seed=seed, split=split)
+
+
+def check_step(env: ChatEnv, started: bool, done: bool, action: Any) -> None:
+    """Raise EnvError when ``step`` comes before ``reset``, after the episode ended, or with a non-str action."""
+    name = type(env).__name__
+    if not started:
+        raise EnvError(f"{name}.step() was called before reset(): call env.reset(seed=...) first.")
+    if done:
+        raise EnvError(
+            f"{name}.step() was called after the episode ended (terminated=True): call env.reset() "
+            "to start a new episode."
+        )
+    if not isinstance(action, str):
+        raise EnvError(f"{name}.step() takes the assistant's text (str), got {type(action).__name__}")
+
+
 class SingleTurnEnv(ChatEnv):
     """A question/answer env: ``reset`` poses a task, the first ``step`` ends the episode.
 
@@ -235,41 +274,12 @@ class SingleTurnEnv(ChatEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-                raise EnvError(
-                    f"{type(self).__name__}.reset: seed must be a non-negative int or None, got {seed!r}"
-                )
-            seed = int(seed)
-        super().reset(seed=seed)
-        if options is not None and not isinstance(options, dict):
-            raise EnvError(
-                f"{type(self).__name__}.reset: options must be a dict or None, got {type(options).__name__}"
-            )
-        split = check_split((options or {}).get("split", "train"))
-        if seed is None:
-            seed = int(self.np_random.integers(0, 2**31 - 1))
-        task = self.make_task(seed, split)
-        if not isinstance(task, Task):
-            raise EnvError(
-                f"{type(self).__name__}.make_task returned {type(task).__name__}; return "
-                "Task(messages=[...], info={...}) (from mmgrpo.env import Task)"
-            )
+        task, self._info = start_task(self, seed, options)
         self._task, self._done = task, False
-        self._info = dict(task.info, seed=seed, split=split)
         return list(task.messages), dict(self._info)
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        name = type(self).__name__
-        if self._task is None:
-            raise EnvError(f"{name}.step() was called before reset(): call env.reset(seed=...) first.")
-        if self._done:
-            raise EnvError(
-                f"{name}.step() was called after the episode ended (terminated=True): call env.reset() "
-                "to start a new episode."
-            )
-        if not isinstance(action, str):
-            raise EnvError(f"{name}.step() takes the assistant's text (str), got {type(action).__name__}")
+        check_step(self, self._task is not None, self._done, action)
         self._done = True
         return [], 0.0, True, False, dict(self._info or {})
 

@@ -1,0 +1,88 @@
+"""``ToolEnv``: the base class of multi-turn episodes in which the model may call tools before it answers.
+
+An episode is ``reset`` (the prompt, and ``info["tools"]``: the tools' JSON schemas, which the rollout passes to
+the chat template as ``tools=``), then one ``step`` per assistant turn:
+
+- a turn with ``<tool_call>...</tool_call>`` blocks runs them (``mmgrpo.tools.ToolRunner``: concurrently, each
+  with its own timeout) and returns one ``tool`` message per call, ``terminated=False``;
+- a turn without any is the final answer: ``([], 0.0, True, False, info)``.
+
+A bad call (broken JSON, unknown tool, wrong arguments, a tool that raises or hangs) is an observation, a tool
+message saying what was wrong and how to call the tool, never an exception. The rollout, not the env, enforces
+``max_turns`` and the token budget. Step infos carry ``tool_calls`` (int), ``tool_failures`` ({kind: count})
+and ``tool_names`` (list) for metrics.
+
+Subclasses implement ``make_task(seed, split) -> Task`` exactly as for ``SingleTurnEnv`` and may override
+``episode_tools(task)`` to give each episode its own tools (e.g. crop and zoom bound to the episode's image).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mmgrpo.env import ChatEnv, Message, Task, check_step, start_task
+from mmgrpo.tools import Tool, ToolRunner, as_tool, count_failures, tool_message
+
+
+class ToolEnv(ChatEnv):
+    """A task env whose assistant turns may call tools; the first turn without a call ends the episode.
+
+    ``tools`` are Tools or plain functions (type hints and a Google-style docstring); ``timeout_s``,
+    ``max_result_chars`` and ``max_calls_per_turn`` configure the ``ToolRunner`` of every episode.
+    """
+
+    _task: Task | None = None
+    _info: dict[str, Any] | None = None
+    _done: bool = True
+    runner: ToolRunner | None = None
+    """The current episode's runner (set by ``reset``)."""
+
+    def __init__(
+        self,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        *,
+        timeout_s: float = 5.0,
+        max_result_chars: int = 2000,
+        max_calls_per_turn: int = 4,
+    ) -> None:
+        self.tools = [as_tool(t) for t in tools]
+        self.runner_settings = {
+            "timeout_s": timeout_s,
+            "max_result_chars": max_result_chars,
+            "max_calls_per_turn": max_calls_per_turn,
+        }
+        ToolRunner(
+            self.tools, **self.runner_settings
+        )  # fail now (ConfigError) on bad settings or duplicate names
+
+    def make_task(self, seed: int, split: str) -> Task:
+        raise NotImplementedError(f"{type(self).__name__} must implement make_task(seed, split) -> Task")
+
+    def episode_tools(self, task: Task) -> list[Tool | Callable[..., Any]]:
+        """The tools of the episode posing ``task`` (default: the constructor's)."""
+        return list(self.tools)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        task, info = start_task(self, seed, options)
+        self.runner = ToolRunner(self.episode_tools(task), **self.runner_settings)
+        self._task, self._done = task, False
+        self._info = dict(info, tools=self.runner.schemas)
+        return list(task.messages), dict(self._info)
+
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        check_step(self, self._task is not None, self._done, action)
+        assert self.runner is not None
+        results = self.runner.run(action)
+        info = dict(
+            self._info or {},
+            tool_calls=len(results),
+            tool_failures=count_failures(results),
+            tool_names=[r.name for r in results],
+        )
+        if not results:  # no <tool_call>: the final answer
+            self._done = True
+            return [], 0.0, True, False, info
+        return [tool_message(r) for r in results], 0.0, False, False, info
