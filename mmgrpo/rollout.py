@@ -1,34 +1,48 @@
-"""Rollout: run G episodes per task against environments with a Policy, token in / token out.
+"""Rollout: run G episodes per task against environments with a Policy, token in / token out, multi-turn.
 
-For B tasks the G environment copies of a task are reset on the same seed; the prompt of each task is
-templated and encoded once (images included) and shared by its G rows; the policy samples; each env's
-``step(text)`` ends the episode (or, in later releases, answers with a new turn). The result keeps the
-token ids that were sampled (never decoded and re-encoded), a loss mask that is 1 only on them, and the
-decoded text and conversation for the verifiers.
+For B tasks the G environment copies of a task are reset on the same seed. All live episodes advance one
+turn per batched generation:
 
-Layout of the returned batch (see mmgrpo.policy): prompt_ids (N, P) left-padded, response_ids (N, T)
-right-padded, loss_mask (N, T), with N = B * G and rows g*G .. g*G+G-1 forming group g.
+  turn 1   each task's prompt (images and tool list included) is templated and encoded once and shared by
+           its G rows (one prefill per group, G samples decoded on the repeated KV cache);
+  step     every live episode's ``env.step(text)`` runs at once in a thread pool (tools run there, each
+           with its own timeout, so one slow tool does not serialise the batch);
+  append   the env's new messages are rendered by the chat template and appended as new token ids
+           (``Policy.encode_continuation``: a prefix extension, checked), images processed once and kept
+           with their row; earlier turns are never decoded and re-encoded;
+  turn k   the live rows' whole sequences are encoded and the next turn sampled.
+
+An episode ends when the env terminates or truncates it, when a turn ends without the end-of-turn token
+(``max_new_tokens`` per turn), at ``max_turns`` policy turns, or when its response would exceed the token
+budget ``max_episode_tokens``; the last three count as truncated, with the reason kept.
+
+Layout of the returned batch (see mmgrpo.batch): prompt_ids (N, P) left-padded, response_ids (N, T)
+right-padded (policy turns and env turns), loss_mask (N, T) = 1 only on sampled tokens, per-row response
+images, and ``group_ids`` (N,): row i belongs to the task ``group_ids[i]`` (rows g*G .. g*G+G-1 today).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from mmgrpo.batch import TokenBatch, pad_right
-from mmgrpo.env import ChatEnv
+from mmgrpo.batch import TokenBatch, VisionInputs, pad_right
+from mmgrpo.env import ChatEnv, assistant
 from mmgrpo.errors import ConfigError, DataError
 from mmgrpo.policy import Policy
 from mmgrpo.verifier import Episode
+
+TRUNCATION_REASONS = ("max_new_tokens", "max_turns", "token_budget", "env")
 
 
 @dataclass
 class Trajectory:
     """One finished episode.
 
-    response_ids: ids after the prompt (policy turns; later also env turns), as sampled
+    response_ids: ids after the prompt (policy turns and env turns), as sampled / as appended
     loss_mask: 1 per response token the policy generated, 0 for environment tokens
     turn_rewards: the environment's reward after each policy turn
     """
@@ -42,6 +56,11 @@ class Trajectory:
     turn_rewards: list[float] = field(default_factory=list)
     truncated: bool = False
     env_error: str | None = None
+    turns: int = 0
+    truncation: str | None = None  # one of TRUNCATION_REASONS when truncated
+    tool_calls: int = 0
+    tool_failures: dict[str, int] = field(default_factory=dict)
+    response_vision: VisionInputs = field(default_factory=lambda: VisionInputs(images_per_seq=[0]))
 
     @property
     def num_policy_tokens(self) -> int:
@@ -67,6 +86,11 @@ class RolloutBatch:
     def episodes(self) -> list[Episode]:
         return [t.to_episode() for t in self.trajectories]
 
+    @property
+    def group_ids(self) -> list[int]:
+        """Per row, the task (group) it belongs to: group statistics are taken over equal ids."""
+        return [t.group for t in self.trajectories]
+
 
 def reset_group(envs: list[ChatEnv], seed: int, split: str) -> tuple[list[dict], dict]:
     """Reset every env of one group on the same task; returns the shared prompt and task info."""
@@ -74,6 +98,25 @@ def reset_group(envs: list[ChatEnv], seed: int, split: str) -> tuple[list[dict],
     for env in envs[1:]:
         env.reset(seed=seed, options={"split": split})
     return first_obs, first_info
+
+
+def _step(env: ChatEnv, text: str) -> tuple[list[dict], float, bool, bool, dict, str | None]:
+    """env.step(text); an exception ends the episode and is kept as data (a bad episode is not a crash)."""
+    try:
+        obs, reward, terminated, truncated, info = env.step(text)
+        return list(obs or []), float(reward), bool(terminated), bool(truncated), dict(info or {}), None
+    except Exception as exc:
+        return [], 0.0, True, False, {}, f"{type(exc).__name__}: {exc}"
+
+
+_STEP_POOL: ThreadPoolExecutor | None = None
+
+
+def _step_pool() -> ThreadPoolExecutor:
+    global _STEP_POOL
+    if _STEP_POOL is None:
+        _STEP_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="mmgrpo-env-step")
+    return _STEP_POOL
 
 
 def rollout(
@@ -88,22 +131,24 @@ def rollout(
     top_p: float = 1.0,
     top_k: int = 0,
     max_turns: int = 1,
+    max_episode_tokens: int | None = None,
 ) -> RolloutBatch:
     """Run len(seeds) * group_size episodes; ``envs`` holds that many env instances (row order)."""
-    if max_turns != 1:
-        raise ConfigError(
-            f"env.max_turns={max_turns}: this release runs single-turn episodes only; set env.max_turns=1."
-        )
+    if max_turns < 1:
+        raise ConfigError(f"env.max_turns={max_turns}: an episode needs at least one policy turn")
     B, G = len(seeds), group_size
-    if len(envs) < B * G:
-        raise ValueError(f"rollout needs {B * G} envs for {B} tasks x G={G}, got {len(envs)}")
+    N = B * G
+    if len(envs) < N:
+        raise ValueError(f"rollout needs {N} envs for {B} tasks x G={G}, got {len(envs)}")
+    budget = max_episode_tokens or 10**9  # response tokens (policy and env) an episode may hold
     prompts, tasks = [], []
     for b, seed in enumerate(seeds):
         obs, info = reset_group(envs[b * G : (b + 1) * G], seed, split)
         prompts.append(obs)
         tasks.append(info)
+    tools = [info.get("tools") or None for info in tasks]  # JSON schemas for the chat template
 
-    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts)  # (B, P), (B, P)
+    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P), (B, P)
     limit = getattr(policy.model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and prompt_ids.shape[1] + max_new_tokens > limit:
         raise DataError(
@@ -112,7 +157,21 @@ def rollout(
             "(model.max_pixels). Image tokens are never truncated."
         )
     rows = [b for b in range(B) for _ in range(G)]  # row i belongs to group i // G
-    completions, finished = policy.generate(
+    trajs = [
+        Trajectory(
+            group=rows[i],
+            task=tasks[rows[i]],
+            messages=list(prompts[rows[i]]),
+            completion="",
+            response_ids=[],
+            loss_mask=[],
+        )
+        for i in range(N)
+    ]
+    resp_images: list[list[VisionInputs]] = [[] for _ in range(N)]  # per row, the images of its env turns
+
+    # turn 1: one prompt encoding per group, G samples each
+    new_ids, finished = policy.generate(
         prompt_ids,
         prompt_mask,
         vision,
@@ -122,36 +181,123 @@ def rollout(
         top_k=top_k,
         num_samples=G,
     )
-
-    trajectories = []
-    for i, (ids, done) in enumerate(zip(completions, finished, strict=True)):
-        b = rows[i]
-        text = policy.decode(ids)
-        env_error, reward, truncated = None, 0.0, not done
-        try:
-            _, reward, _, env_truncated, _ = envs[i].step(text)
-            truncated = truncated or bool(env_truncated)
-        except Exception as exc:  # a bad episode is data, not a crash
-            env_error = f"{type(exc).__name__}: {exc}"
-        messages = list(prompts[b]) + [{"role": "assistant", "content": [{"type": "text", "text": text}]}]
-        trajectories.append(
-            Trajectory(
-                group=b,
-                task=tasks[b],
-                messages=messages,
-                completion=text,
-                response_ids=ids,
-                loss_mask=[1] * len(ids),
-                turn_rewards=[float(reward)],
-                truncated=truncated,
-                env_error=env_error,
-            )
+    live = list(range(N))
+    while True:
+        # the policy's turn: keep the sampled ids as they are
+        texts = {}
+        for i, ids, done in zip(live, new_ids, finished, strict=True):
+            t = trajs[i]
+            t.response_ids += ids
+            t.loss_mask += [1] * len(ids)
+            t.turns += 1
+            texts[i] = policy.decode(ids)
+            t.completion = texts[i]
+            t.messages.append(assistant(texts[i]))
+            if not done:
+                t.truncated, t.truncation = True, "max_new_tokens"
+        # every live episode's env step at once (tools run inside, each with its own timeout)
+        stepping = [i for i in live if not trajs[i].truncated]
+        results = list(_step_pool().map(_step, [envs[i] for i in stepping], [texts[i] for i in stepping]))
+        going = []
+        for i, (obs, reward, terminated, env_truncated, info, error) in zip(stepping, results, strict=True):
+            t = trajs[i]
+            t.turn_rewards.append(reward)
+            t.env_error = error
+            t.tool_calls += int(info.get("tool_calls", 0))
+            for kind, n in (info.get("tool_failures") or {}).items():
+                t.tool_failures[kind] = t.tool_failures.get(kind, 0) + int(n)
+            if terminated or error is not None:
+                continue
+            if env_truncated:
+                t.truncated, t.truncation = True, "env"
+            elif t.turns >= max_turns:
+                t.truncated, t.truncation = True, "max_turns"
+            elif not obs:
+                t.truncated, t.truncation = True, "env"  # the env neither ended the episode nor answered
+            else:
+                going.append((i, obs))
+        # the env's turn: its messages appended as tokens (loss mask 0), images processed once
+        live = []
+        for i, obs in going:
+            t = trajs[i]
+            ids, new_vision = policy.encode_continuation(t.messages, obs, tools[t.group])
+            if len(t.response_ids) + len(ids) + 1 > budget:
+                t.truncated, t.truncation = True, "token_budget"
+                continue
+            t.messages += obs
+            t.response_ids += ids
+            t.loss_mask += [0] * len(ids)
+            if not new_vision.empty:
+                resp_images[i].append(new_vision)
+            live.append(i)
+        if not live:
+            break
+        # turn k: the live rows' whole sequences (prompt, then every turn so far), one sample each
+        seqs = [
+            _unpadded(prompt_ids[trajs[i].group], prompt_mask[trajs[i].group]) + trajs[i].response_ids
+            for i in live
+        ]
+        ids_k, mask_k = _pad_left(seqs, policy.pad_token_id)  # (n, L)
+        if limit is not None and ids_k.shape[1] + 1 > limit:
+            raise DataError(f"an episode reached the model's {limit} positions; lower env.max_episode_tokens")
+        row_vision = VisionInputs.join(
+            vision.select([trajs[i].group for i in live]),
+            VisionInputs.concat_rows([_merged(resp_images[i]) for i in live]),
         )
+        turn_budget = [max(1, min(max_new_tokens, budget - len(trajs[i].response_ids))) for i in live]
+        new_ids, finished = policy.generate(
+            ids_k,
+            mask_k,
+            row_vision,
+            max_new_tokens=max(turn_budget),
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            num_samples=1,
+            use_hf_generate=False,
+        )
+        for k, cap in enumerate(turn_budget):  # a row past its own budget ends there, truncated
+            if len(new_ids[k]) > cap:
+                new_ids[k], finished[k] = new_ids[k][:cap], False
 
-    response_ids, response_mask = pad_right([t.response_ids for t in trajectories], policy.pad_token_id)
-    loss_mask, _ = pad_right([t.loss_mask for t in trajectories], 0)  # (N, T)
+    response_ids, response_mask = pad_right([t.response_ids for t in trajs], policy.pad_token_id)  # (N, T)
+    loss_mask, _ = pad_right([t.loss_mask for t in trajs], 0)  # (N, T)
+    for i, t in enumerate(trajs):
+        t.response_vision = _merged(resp_images[i])
+    response_vision = VisionInputs.concat_rows([t.response_vision for t in trajs])
     idx = torch.as_tensor(rows)
     tokens = TokenBatch(  # the prompt's ids repeated per row; its pixels held once (prompt_index)
-        prompt_ids[idx], prompt_mask[idx], response_ids, response_mask, loss_mask, vision, prompt_index=rows
+        prompt_ids[idx],
+        prompt_mask[idx],
+        response_ids,
+        response_mask,
+        loss_mask,
+        vision,
+        prompt_index=rows,
+        response_vision=None if response_vision.empty else response_vision,
     )
-    return RolloutBatch(trajectories, tokens, G)
+    return RolloutBatch(trajs, tokens, G)
+
+
+def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
+    """The real tokens of one left-padded row."""
+    return ids[mask.bool()].tolist()
+
+
+def _pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad lists of ids: ids (n, L) and mask (n, L)."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)  # (n, L)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)  # (n, L)
+    for k, s in enumerate(seqs):
+        ids[k, L - len(s) :] = torch.as_tensor(s, dtype=torch.long)
+        mask[k, L - len(s) :] = 1
+    return ids, mask
+
+
+def _merged(chunks: list[VisionInputs]) -> VisionInputs:
+    """One sequence's images from the chunks of its env turns (each chunk one sequence)."""
+    if not chunks:
+        return VisionInputs(images_per_seq=[0])
+    joined = VisionInputs.concat_rows(chunks)
+    return VisionInputs(joined.pixel_values, joined.image_grid_thw, [sum(joined.images_per_seq)])

@@ -1,0 +1,213 @@
+"""Multi-turn rollout: token in / token out, images from the environment mid-episode, masks and log-probs.
+
+The env here is a scripted two-turn "tool" env: the first policy turn is answered with a tool message
+holding text and an image of its own size; the second ends the episode. A scripted policy (canonical
+token ids of fixed texts) makes the rendered conversation exactly comparable with what the processor
+renders for the whole conversation at once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from mmgrpo.env import ChatEnv, image_part, system, text_part
+from mmgrpo.losses import grpo_loss
+from mmgrpo.policy import Policy
+from mmgrpo.rollout import rollout
+
+TOOLS = [{"type": "function", "function": {"name": "zoom", "parameters": {"type": "object"}}}]
+
+
+def _image(seed: int, size: tuple[int, int]) -> Image.Image:
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=g, dtype=torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+class ZoomOnceEnv(ChatEnv):
+    """Prompt: an image and a question. Step 1: a tool message with text and a new image. Step 2: ends."""
+
+    def __init__(self, with_image: bool = True, turns_before_end: int = 1) -> None:
+        self.with_image = with_image
+        self.turns_before_end = turns_before_end
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed_, self.turn = seed or 0, 0
+        content = [text_part("How many red circles are in the image?")]
+        if self.with_image:
+            content.insert(0, image_part(_image(self.seed_, (112, 112))))
+        messages = [system("Use a tool when you need it."), {"role": "user", "content": content}]
+        return messages, {"answer": "3", "tools": TOOLS}
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn > self.turns_before_end:
+            return [], 1.0, True, False, {}
+        parts = [text_part(f"zoomed {self.turn}")]
+        if self.with_image:
+            parts.append(image_part(_image(100 + self.seed_ + self.turn, (56, 84))))
+        return (
+            [{"role": "tool", "name": "zoom", "content": parts, "error": None}],
+            0.0,
+            False,
+            False,
+            {
+                "tool_calls": 1,
+                "tool_failures": {},
+            },
+        )
+
+
+class ScriptedPolicy(Policy):
+    """A Policy whose turns are fixed texts, emitted as their canonical token ids (plus end-of-turn)."""
+
+    def __init__(self, base: Policy, script: list[str]):
+        super().__init__(base.model, base.processor, device=base.device)
+        self.script, self.calls = script, 0
+
+    def generate(self, prompt_ids, prompt_mask, vision, *, num_samples=1, **kw):
+        text = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        ids = self.encode_text(text) + [self.eos_token_id]
+        n = prompt_ids.shape[0] * num_samples
+        return [list(ids) for _ in range(n)], [True] * n
+
+
+def _full_forward_logprobs(policy: Policy, messages: list[dict], tools) -> tuple[list[int], torch.Tensor]:
+    """The processor's rendering of the whole conversation, and the log-prob of each token from one forward."""
+    text = policy.render(messages, add_generation_prompt=False, tools=tools)
+    images = [
+        p["image"] for m in messages for p in m["content"] if isinstance(p, dict) and p["type"] == "image"
+    ]
+    enc = policy.processor(text=[text], images=images or None, return_tensors="pt")
+    kw = policy._model_inputs(enc["input_ids"], enc["attention_mask"], _vision(enc), policy.model)
+    with torch.no_grad():
+        logits = policy.model(**kw, use_cache=False).logits[0, :-1].float()  # (L-1, V)
+    ids = enc["input_ids"][0]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[1:, None]).squeeze(-1)  # (L-1,)
+    return ids.tolist(), logp
+
+
+def _vision(enc):
+    from mmgrpo.batch import VisionInputs
+
+    if "pixel_values" not in enc:
+        return VisionInputs(images_per_seq=[0])
+    return VisionInputs(enc["pixel_values"], enc["image_grid_thw"], [len(enc["image_grid_thw"])])
+
+
+@pytest.mark.parametrize("with_image", [True, False])
+def test_multiturn_ids_and_logprobs_equal_one_full_forward(tiny_policy, with_image):
+    policy = ScriptedPolicy(
+        tiny_policy,
+        ['<tool_call>\n{"name": "zoom", "arguments": {"cell": 5}}\n</tool_call>', "<answer>3</answer>"],
+    )
+    envs = [ZoomOnceEnv(with_image=with_image) for _ in range(4)]
+    batch = rollout(policy, envs, [0, 1], group_size=2, max_new_tokens=40, max_turns=3)
+    tok = batch.tokens
+    assert tok.has_response_images == with_image
+    logp = policy.logprobs(tok)  # (N, T) what training computes
+    for i, t in enumerate(batch.trajectories):
+        assert t.turns == 2 and not t.truncated and t.tool_calls == 1
+        full_ids, full_logp = _full_forward_logprobs(policy, t.messages, TOOLS)
+        prompt = tok.prompt_ids[i][tok.prompt_mask[i].bool()].tolist()
+        ours = prompt + t.response_ids
+        # the processor renders the whole conversation to exactly the ids the episode accumulated
+        # (its last assistant turn ends with "<|im_end|>\n"; ours at the sampled end-of-turn token)
+        assert full_ids[: len(ours)] == ours
+        assert full_ids[len(ours) :] == policy.encode_text("\n")
+        # per-token log-probs of every response token: training's forward equals one full forward
+        T = len(t.response_ids)
+        expected = full_logp[len(prompt) - 1 : len(prompt) - 1 + T]  # (T,)
+        torch.testing.assert_close(logp[i, :T].float(), expected, atol=1e-5, rtol=0)
+        # the images of a row are its own: the prompt's one, then one per tool turn
+        if with_image:
+            assert t.response_vision.images_per_seq == [1]
+
+
+def test_env_tokens_are_masked_and_get_zero_gradient(tiny_policy):
+    policy = ScriptedPolicy(
+        tiny_policy,
+        ['<tool_call>\n{"name": "zoom", "arguments": {"cell": 5}}\n</tool_call>', "<answer>3</answer>"],
+    )
+    envs = [ZoomOnceEnv() for _ in range(4)]
+    batch = rollout(policy, envs, [0, 1], group_size=2, max_new_tokens=40, max_turns=3)
+    tok = batch.tokens
+    t0 = batch.trajectories[0]
+    call = policy.encode_text(policy.script[0]) + [policy.eos_token_id]
+    answer = policy.encode_text(policy.script[1]) + [policy.eos_token_id]
+    env_len = len(t0.response_ids) - len(call) - len(answer)
+    assert env_len > 16  # "\n<|im_start|>user\n<tool_response>\nzoomed 1" + the image's tokens + header
+    assert t0.loss_mask == [1] * len(call) + [0] * env_len + [1] * len(answer)
+    assert policy.image_token_id in t0.response_ids  # the tool's image, as placeholder tokens
+    logp = policy.logprobs(tok).detach().requires_grad_(True)  # (N, T)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    out = grpo_loss(logp, None, None, adv, tok.loss_mask.float(), beta=0.0)
+    out.loss.backward()
+    grad = logp.grad  # (N, T)
+    assert torch.all(grad[tok.loss_mask == 0] == 0)
+    assert torch.all(grad[tok.loss_mask == 1] != 0)
+
+
+def test_trained_ids_are_the_sampled_ids_across_turns(tiny_policy):
+    sampled: list[list[list[int]]] = []
+    real_generate = tiny_policy.generate
+
+    def recording_generate(*args, **kw):
+        # real sampling on the engine; the untrained model rarely ends a turn, so a turn that hit
+        # max_new_tokens is closed with the end-of-turn token here (what the rollout gets is recorded)
+        ids, done = real_generate(*args, **kw)
+        ids = [x if d else x[:-1] + [tiny_policy.eos_token_id] for x, d in zip(ids, done, strict=True)]
+        sampled.append([list(x) for x in ids])
+        return ids, [True] * len(ids)
+
+    torch.manual_seed(0)
+    envs = [ZoomOnceEnv(turns_before_end=2) for _ in range(6)]
+    tiny_policy.generate = recording_generate
+    try:
+        batch = rollout(tiny_policy, envs, [0, 1, 2], group_size=2, max_new_tokens=6, max_turns=3)
+    finally:
+        del tiny_policy.generate
+    # per row, the ids the policy sampled turn after turn: turn k's rows are those that reached turn k
+    trajs = batch.trajectories
+    assert max(t.turns for t in trajs) == 3 and len(sampled) == 3
+    per_row: list[list[int]] = [[] for _ in trajs]
+    for k, turn in enumerate(sampled, start=1):
+        rows = [i for i, t in enumerate(trajs) if t.turns >= k]
+        for i, ids in zip(rows, turn, strict=True):
+            per_row[i] += ids
+    for i, t in enumerate(trajs):
+        trained = [x for x, m in zip(t.response_ids, t.loss_mask, strict=True) if m == 1]
+        assert trained == per_row[i]
+        row = batch.tokens.response_ids[i][batch.tokens.loss_mask[i].bool()].tolist()
+        assert row == per_row[i]
+
+
+def test_max_turns_and_token_budget_truncate(tiny_policy):
+    policy = ScriptedPolicy(
+        tiny_policy, ['<tool_call>\n{"name": "zoom", "arguments": {"cell": 1}}\n</tool_call>']
+    )
+    envs = [ZoomOnceEnv(with_image=False, turns_before_end=99) for _ in range(2)]
+    batch = rollout(policy, envs, [0], group_size=2, max_new_tokens=40, max_turns=3)
+    assert all(t.truncated and t.truncation == "max_turns" and t.turns == 3 for t in batch.trajectories)
+    assert all(t.tool_calls == 3 for t in batch.trajectories)
+    policy.calls = 0
+    batch = rollout(policy, envs, [0], group_size=2, max_new_tokens=40, max_turns=5, max_episode_tokens=60)
+    for t in batch.trajectories:
+        assert t.truncated and t.truncation == "token_budget" and len(t.response_ids) <= 60
+
+
+def test_shared_prefill_equals_full_forward_on_multiturn_text(tiny_policy):
+    policy = ScriptedPolicy(
+        tiny_policy,
+        ['<tool_call>\n{"name": "zoom", "arguments": {"cell": 2}}\n</tool_call>', "<answer>4</answer>"],
+    )
+    envs = [ZoomOnceEnv(with_image=False) for _ in range(6)]
+    batch = rollout(policy, envs, [0, 1, 2], group_size=2, max_new_tokens=40, max_turns=2)
+    shared = policy.logprobs(batch.tokens)
+    full = policy.logprobs(batch.tokens, share_prompt=False)
+    mask = batch.tokens.response_mask.bool()
+    torch.testing.assert_close(shared[mask], full[mask], atol=1e-5, rtol=0)
