@@ -18,6 +18,7 @@ Subclasses implement ``make_task(seed, split) -> Task`` exactly as for ``SingleT
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,6 +59,13 @@ class ToolEnv(ChatEnv):
 
     def make_task(self, seed: int, split: str) -> Task:
         raise NotImplementedError(f"{type(self).__name__} must implement make_task(seed, split) -> Task")
+
+    def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str] | None:
+        """Assistant turns for the supervised warm start (``warm_start.source: env``), or None if the env has
+        none. The warm start plays them through ``step`` (tools really run) and trains on the policy turns.
+        Each env documents what its demonstrations teach; the built-in ones teach the call syntax and leave
+        the choice of tool, timing or arguments to GRPO."""
+        return None
 
     def episode_tools(self, task: Task) -> list[Tool | Callable[..., Any]]:
         """The tools of the episode posing ``task`` (default: the constructor's)."""
