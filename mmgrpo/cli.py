@@ -14,16 +14,21 @@ from pathlib import Path
 
 from mmgrpo.errors import MmgrpoError
 
-DEMO_CONFIG = "examples/counting_tiny.yaml"
+DEMO_CONFIGS = {
+    "counting": "examples/counting_tiny.yaml",  # the tiny VLM learns to count red circles
+    "tools": "examples/tools_math_tiny.yaml",  # the tiny model learns to use a calculator
+}
+DEMO_CONFIG = DEMO_CONFIGS["counting"]
 
 
-def _find_demo_config() -> Path:
+def _find_demo_config(task: str = "counting") -> Path:
+    name = DEMO_CONFIGS[task]
     here = Path(__file__).resolve().parent.parent
-    for candidate in (Path.cwd() / DEMO_CONFIG, here / DEMO_CONFIG):
+    for candidate in (Path.cwd() / name, here / name):
         if candidate.is_file():
             return candidate
     raise MmgrpoError(
-        f"cannot find {DEMO_CONFIG} (looked in {Path.cwd()} and {here}); run the demo from the mmgrpo "
+        f"cannot find {name} (looked in {Path.cwd()} and {here}); run the demo from the mmgrpo "
         "checkout or pass --config PATH"
     )
 
@@ -84,20 +89,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mmgrpo.config import load_config
-    from mmgrpo.evaluate import evaluate_config, write_eval
+    from mmgrpo.evaluate import evaluate_config, write_eval, write_transcripts
     from mmgrpo.trainer import build_env_factory, build_rewards, eval_metric, load_policy
 
     cfg = load_config(args.config, args.set)
     make_env, rewards, metric = build_env_factory(cfg), build_rewards(cfg), eval_metric(cfg)
     policy = load_policy(cfg, args.model)
     result = evaluate_config(
-        cfg.eval, policy, make_env, rewards, metric, episodes=args.n, progress=not args.no_progress
+        cfg.eval, cfg.env, policy, make_env, rewards, metric, episodes=args.n, progress=not args.no_progress
     )
     # next to the model; a hub id has no folder here, so the run directory takes it
-    path = write_eval(result, args.model if Path(args.model).is_dir() else cfg.output_dir)
+    where = args.model if Path(args.model).is_dir() else cfg.output_dir
+    path = write_eval(result, where)
     for name, v in result.per_verifier.items():
         print(f"  {name}: {v:.3f}")
+    for name, v in result.episode_metrics.items():
+        print(f"  {name}: {v:.3f}")
     print(f"wrote {path}")
+    if (folder := write_transcripts(result, where)) is not None:
+        print(f"wrote {len(result.transcripts)} transcripts to {folder}")
     print(f"accuracy: {result.accuracy:.3f} (n={result.n})")
     return 0
 
@@ -156,6 +166,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
             temperature=g.temperature,
             top_p=g.top_p,
             top_k=g.top_k,
+            max_turns=cfg.env.max_turns,
+            max_episode_tokens=cfg.env.max_episode_tokens,
         )
         scored = rewards.score(batch.episodes)
         totals += scored.total.tolist()
@@ -188,7 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not is_model_dir(model_dir):
         build_tiny_model(model_dir)
         print(f"demo: built the tiny Qwen2.5-VL in {model_dir}", flush=True)
-    config = Path(args.config) if args.config else _find_demo_config()
+    config = Path(args.config) if args.config else _find_demo_config(args.task)
     overrides = [f"model.path={model_dir}", f"output_dir={out / 'run'}", *args.set]
     cfg = load_config(config, overrides)
     run_dir = Path(cfg.output_dir)
@@ -201,9 +213,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if cfg.warm_start.steps > 0:
         trainer.warm_start()
     before = trainer.evaluate()
+    what = "demonstrations" if cfg.warm_start.source == "env" else "format-only"
     print(
-        f"demo: after the format-only warm start ({cfg.warm_start.steps} steps) accuracy={before.accuracy:.3f} "
-        f"(format {before.per_verifier.get('format', float('nan')):.3f})"
+        f"demo: after the {what} warm start ({cfg.warm_start.steps} steps) accuracy={before.accuracy:.3f} "
+        f"(format {before.per_verifier.get('format', float('nan')):.3f})" + _tool_use(before),
+        flush=True,
     )
     trainer.train()
     after = trainer.evaluate()
@@ -213,16 +227,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "after": after.accuracy,
         "n": n,
         "seconds": time.perf_counter() - t0,
+        "tool_use_before": before.episode_metrics,
+        "tool_use_after": after.episode_metrics,
     }
     (run_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     pictures = _write_pictures(trainer, after, run_dir)
     print("demo: pictures " + ", ".join(str(p) for p in pictures), flush=True)
+    from mmgrpo.evaluate import write_transcripts
+
+    if (folder := write_transcripts(after, run_dir)) is not None:
+        print(f"demo: held-out transcripts in {folder}" + _tool_use(after), flush=True)
     print(
         f"demo: {cfg.grpo.steps} GRPO steps in {summary['seconds']:.0f} s; run directory {run_dir}",
         flush=True,
     )
     print(f"demo: accuracy before={before.accuracy:.3f} after={after.accuracy:.3f} (n={n})", flush=True)
     return 0
+
+
+def _tool_use(result) -> str:
+    """ "; tool use: ..." for multi-turn results, "" otherwise."""
+    m = result.episode_metrics
+    if not m:
+        return ""
+    return (
+        f"; tool use: used_frac={m['tools/used_frac']:.2f} calls/ep={m['tool_calls']:.2f} "
+        f"failures/ep={m['tools/failures']:.2f} turns/ep={m['turns']:.2f}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,7 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="build the tiny model, train it to count, evaluate before and after")
     sp.add_argument("--out", default="runs/demo", help="where the model and the run go")
-    sp.add_argument("--config", default=None, help=f"default: {DEMO_CONFIG}")
+    sp.add_argument(
+        "--task",
+        choices=sorted(DEMO_CONFIGS),
+        default="counting",
+        help="counting: a VLM learns to count; tools: a model learns to use a calculator (multi-turn)",
+    )
+    sp.add_argument("--config", default=None, help="default: the task's config under examples/")
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_demo)

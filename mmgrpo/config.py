@@ -83,11 +83,17 @@ class EnvConfig(Section):
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment factory (checked by the environment, not here)."""
     max_turns: int = 1
-    """Most assistant turns per episode; 1 = single-turn question/answer."""
+    """Most assistant turns per episode; 1 = single-turn question/answer. An episode still going after
+    max_turns turns (e.g. its last turn called a tool) ends as truncated."""
+    max_episode_tokens: int | None = None
+    """Token budget of an episode's response (policy turns and the environment's turns between them); an
+    episode that would exceed it ends as truncated. None = only the model's positions limit it."""
 
     def _validate(self) -> None:
         self._require(bool(self.name), "name", "must name a registered environment")
         self._require(self.max_turns >= 1, "max_turns", "must be >= 1")
+        if self.max_episode_tokens is not None:
+            self._require(self.max_episode_tokens >= 1, "max_episode_tokens", "must be >= 1 (or null)")
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,9 @@ class WarmStartConfig(Section):
     """Smallest random answer."""
     random_high: int = 5
     """Largest random answer."""
+    source: Literal["format", "env"] = "format"
+    """What to imitate: "format" = ``target`` with random numbers (single-turn); "env" = the environment's
+    own demonstrations (multi-turn tool envs: ``ToolEnv.demonstration``, which say what they teach)."""
     train_vision: bool = False
     """Also train the vision encoder. Off by default: format-only targets carry no visual signal, and
     training the encoder on them collapses its features (measured on the tiny model)."""

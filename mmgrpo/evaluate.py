@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mmgrpo.env import ChatEnv
 from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
+from mmgrpo.rollout import Trajectory, episode_metrics, rollout
 from mmgrpo.verifier import Rewards
 
 
@@ -26,9 +26,13 @@ class EvalResult:
     per_verifier: dict[str, float] = field(default_factory=dict)
     format_failures: int = 0
     samples: list[dict] = field(default_factory=list)
+    episode_metrics: dict[str, float] = field(default_factory=dict)
+    """Multi-turn episodes: turns, tool calls and failures per episode, truncation (rollout.episode_metrics)."""
+    transcripts: list[list[dict]] = field(default_factory=list)
+    """Multi-turn episodes: the first few whole conversations (``write_transcripts`` saves them)."""
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = {k: v for k, v in asdict(self).items() if k != "transcripts"}
         d["samples"] = d["samples"][:20]
         return d
 
@@ -44,6 +48,8 @@ def evaluate(
     max_new_tokens: int = 16,
     temperature: float = 0.0,
     seed_offset: int = 0,
+    max_turns: int = 1,
+    max_episode_tokens: int | None = None,
     progress: bool = False,
 ) -> EvalResult:
     """Accuracy of ``policy`` on ``episodes`` held-out tasks (one greedy episode per task)."""
@@ -51,6 +57,7 @@ def evaluate(
 
     envs = [make_env() for _ in range(min(batch_size, episodes))]
     correct, scores, samples = 0, {v.name: 0.0 for v in rewards.verifiers}, []
+    trajectories: list[Trajectory] = []
     bar = tqdm(total=episodes, desc="eval", unit="ep", disable=not progress, leave=False)
     for start in range(0, episodes, batch_size):
         seeds = list(range(seed_offset + start, seed_offset + min(start + batch_size, episodes)))
@@ -62,7 +69,10 @@ def evaluate(
             split="eval",
             max_new_tokens=max_new_tokens,
             temperature=temperature,
+            max_turns=max_turns,
+            max_episode_tokens=max_episode_tokens,
         )
+        trajectories += batch.trajectories
         breakdown = rewards.score(batch.episodes)
         values = breakdown.per_verifier[metric]  # (n,)
         correct += int((values >= 0.5).sum())
@@ -86,11 +96,18 @@ def evaluate(
         metric=metric,
         per_verifier={k: v / episodes for k, v in scores.items()},
         samples=samples,
+        episode_metrics=episode_metrics(trajectories) if max_turns > 1 else {},
+        transcripts=[t.messages for t in trajectories[:TRANSCRIPTS]] if max_turns > 1 else [],
     )
+
+
+TRANSCRIPTS = 8
+"""How many whole held-out conversations a multi-turn evaluation keeps (and ``mmgrpo eval`` saves)."""
 
 
 def evaluate_config(
     eval_cfg,
+    env_cfg,
     policy: Policy,
     make_env: Callable[[], ChatEnv],
     rewards: Rewards,
@@ -110,6 +127,8 @@ def evaluate_config(
         max_new_tokens=eval_cfg.max_new_tokens,
         temperature=eval_cfg.temperature,
         seed_offset=eval_cfg.seed_offset,
+        max_turns=env_cfg.max_turns,
+        max_episode_tokens=env_cfg.max_episode_tokens,
         progress=progress,
     )
 
@@ -120,3 +139,29 @@ def write_eval(result: EvalResult, model_dir: str | Path) -> Path:
     path = Path(model_dir) / "eval.json"
     path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return path
+
+
+def write_transcripts(result: EvalResult, out_dir: str | Path) -> Path | None:
+    """Save the kept conversations as ``transcripts/episode-K.md`` (text) with their images as PNG files
+    beside them; returns the folder, or None when there is nothing to save."""
+    if not result.transcripts:
+        return None
+    folder = Path(out_dir) / "transcripts"
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, messages in enumerate(result.transcripts):
+        lines = [f"# held-out episode {k}", ""]
+        for m in messages:
+            lines.append(f"## {m['role']}" + (f" ({m['name']})" if m.get("name") else ""))
+            content = (
+                m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+            )
+            for j, part in enumerate(content):
+                if part.get("type") == "image":
+                    name = f"episode-{k}-{len(lines)}-{j}.png"
+                    part["image"].save(folder / name)
+                    lines.append(f"![image]({name})")
+                else:
+                    lines.append(part.get("text", ""))
+            lines.append("")
+        (folder / f"episode-{k}.md").write_text("\n".join(lines))
+    return folder

@@ -301,3 +301,25 @@ def _merged(chunks: list[VisionInputs]) -> VisionInputs:
         return VisionInputs(images_per_seq=[0])
     joined = VisionInputs.concat_rows(chunks)
     return VisionInputs(joined.pixel_values, joined.image_grid_thw, [sum(joined.images_per_seq)])
+
+
+def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Per-episode means of the multi-turn and tool-use counters, for the metrics log and ``mmgrpo eval``.
+
+    turns, tool_calls (per episode), tools/used_frac (share of episodes with at least one call),
+    tools/failures (per episode) and tools/fail/<kind> (per episode, every kind seen), truncated/<reason>
+    (share of episodes cut by max_new_tokens, max_turns, token_budget or the env).
+    """
+    n = max(len(trajectories), 1)
+    out: dict[str, float] = {
+        "turns": sum(t.turns for t in trajectories) / n,
+        "tool_calls": sum(t.tool_calls for t in trajectories) / n,
+        "tools/used_frac": sum(t.tool_calls > 0 for t in trajectories) / n,
+        "tools/failures": sum(sum(t.tool_failures.values()) for t in trajectories) / n,
+    }
+    kinds = sorted({k for t in trajectories for k in t.tool_failures})
+    for kind in kinds:
+        out[f"tools/fail/{kind}"] = sum(t.tool_failures.get(kind, 0) for t in trajectories) / n
+    for reason in TRUNCATION_REASONS:
+        out[f"truncated/{reason}"] = sum(t.truncation == reason for t in trajectories) / n
+    return out

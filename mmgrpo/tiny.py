@@ -32,21 +32,69 @@ SPECIAL_TOKENS = [
     "<|video_pad|>",
 ]
 # Tags that tasks use; single tokens, decoded as text (not "special", so they survive skip_special_tokens).
-TAG_TOKENS = ["<answer>", "</answer>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+TAG_TOKENS = [
+    "<answer>",
+    "</answer>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 
-# A Qwen-style chat template. Content is a string or a list of parts {"type": "text"|"image", ...}.
-# Unlike the real Qwen template it adds no default system prompt, so that a run of later messages renders
-# to exactly the tokens that follow the earlier ones (multi-turn episodes append without re-encoding).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
+# The tools block of Qwen2.5's template: the tool list goes into the system message, one JSON schema a line.
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>"
+)
+
+# A Qwen2.5-style chat template. Content is a string or a list of parts {"type": "text"|"image", ...}.
+# Like Qwen2.5's it renders ``tools=`` into the system message and ``tool`` messages as <tool_response>
+# blocks inside one user turn (consecutive tool messages share it). Unlike the real Qwen template it adds
+# no default system prompt, so that a run of later messages renders to exactly the tokens that follow the
+# earlier ones (multi-turn episodes append without re-encoding).
+_PARTS = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}"
     "{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n"
+)
+NL = "{{ '\\n' }}"  # a newline right after a block tag: HF renders templates with trim_blocks=True
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{% set message = messages[0] %}"
+    + _PARTS
+    + NL
+    + NL
+    + "{% endif %}"
+    + TOOLS_PREAMBLE
+    + "{% for tool in tools %}"
+    + NL
+    + "{{ tool | tojson }}{% endfor %}"
+    + NL
+    + TOOLS_POSTAMBLE.removeprefix("\n")
+    + "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    + NL
+    + "<tool_response>\n"
+    + _PARTS
+    + NL
+    + "</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ message['role'] }}\n" + _PARTS + "<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -61,6 +109,15 @@ _WORDS = (
     "six seven eight nine ten think step first then so total plus minus times equals "
     "Count the objects the question asks about. Reply with the number only, e.g. "
     "You are a helpful assistant. Solve the problem. What is"
+)
+# Words of tool schemas (transformers' get_json_schema) and of the built-in tools' descriptions.
+_SCHEMA_WORDS = (
+    '{"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic '
+    'expression", "parameters": {"type": "object", "properties": {"expression": {"type": "string", '
+    '"description": "an arithmetic expression, e.g."}}, "required": ["expression"]}, "return": {"type": '
+    '"string"}}} integer number boolean array crop zoom cell python code http_get url image grid '
+    "Use a tool when you need it, then answer with the number only, inside <answer></answer>. "
+    "What is the product? error: unknown tool invalid arguments timeout Available tools"
 )
 # Prompts of the built-in tasks, so that their words are single tokens (shorter, faster sequences).
 _PROMPTS = [
@@ -100,6 +157,14 @@ def _corpus() -> list[str]:
         lines += [_PROMPTS[1].format(c=c, s=s) for c in _COLORS for s in _SHAPES]
     for n in range(0, 101):
         lines.append(f"{n} <answer>{n}</answer> How many? {n}")
+    # tool use: the tools block, JSON schemas and Hermes-style calls, so that a call is a few tokens
+    for i in range(10):
+        lines += [TOOLS_PREAMBLE, TOOLS_POSTAMBLE, _SCHEMA_WORDS]
+        lines.append(
+            f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{i}{i + 3} * {i + 1}7"}}}}\n'
+            f"</tool_call> <tool_response>\n{i * 37}\n</tool_response>"
+        )
+        lines.append(f'<tool_call>\n{{"name": "zoom", "arguments": {{"cell": {i}}}}}\n</tool_call>')
     lines.append(" ".join(chr(c) for c in range(32, 127)))
     return lines
 

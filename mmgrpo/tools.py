@@ -246,6 +246,11 @@ class ToolStats:
 
 
 # --------------------------------------------------------------------------------------------- parsing
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A call in the Hermes / Qwen2.5 form, formatted as Qwen2.5 writes it (what demonstrations use)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
 def parse_tool_calls(text: str, max_calls: int = MAX_PARSED_CALLS) -> list[ToolCall | ToolFailure]:
     """The ``<tool_call>...</tool_call>`` calls of one assistant turn, in order of appearance.
 

@@ -31,7 +31,7 @@ from mmgrpo.errors import ConfigError
 from mmgrpo.losses import grpo_loss
 from mmgrpo.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
-from mmgrpo.rollout import rollout
+from mmgrpo.rollout import episode_metrics, rollout
 from mmgrpo.verifier import Rewards
 
 
@@ -141,6 +141,7 @@ class Trainer:
             top_p=g.top_p,
             top_k=g.top_k,
             max_turns=self.cfg.env.max_turns,
+            max_episode_tokens=self.cfg.env.max_episode_tokens,
         )
         t_rollout = time.perf_counter() - t0
         scored = self.rewards.score(batch.episodes)
@@ -215,6 +216,7 @@ class Trainer:
             "truncated_frac": sum(t.truncated for t in batch.trajectories) / N,
             "verifier_failures": sum(scored.failures.values()),
             "env_errors": sum(t.env_error is not None for t in batch.trajectories),
+            **(episode_metrics(batch.trajectories) if self.cfg.env.max_turns > 1 else {}),
             "rollout_time": t_rollout,
             "train_time": t_train,
             "step_time": time.perf_counter() - t0,
@@ -260,6 +262,7 @@ class Trainer:
 
         return evaluate_config(
             self.cfg.eval,
+            self.cfg.env,
             self.policy,
             self.make_env,
             self.rewards,
@@ -283,6 +286,7 @@ class Trainer:
             low=w.random_low,
             high=w.random_high,
             seed=self.cfg.seed,
+            source=w.source,
             train_vision=w.train_vision,
             progress=self.progress,
             log=self.log,

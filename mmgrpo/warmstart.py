@@ -6,6 +6,12 @@ completions made from a template whose number is drawn at random (``<answer>{ran
 targets carry no information about the image, so the model learns where and how to answer, not what.
 Its accuracy alone is about chance (1/5 on counts 1..5); the demo reports it as the "before" number.
 
+For multi-turn tool tasks (``source="env"``) the targets are the environment's own demonstrations
+(``ToolEnv.demonstration``): whole episodes played through ``step`` (the tools really run), laid out token
+for token as the rollout lays them out, trained on the policy turns only. Each env documents what its
+demonstrations teach; the built-in ones teach the call syntax and leave which tool, when and with which
+arguments to GRPO.
+
 Only the language side is trained (``train_vision=False``, the default): the targets say nothing about the
 image, so there is nothing for the vision encoder to learn, and measured on the tiny model, training it
 on content-free targets at this learning rate collapses its features to a near-constant vector (patch
@@ -19,8 +25,9 @@ from collections.abc import Callable
 
 import torch
 
-from mmgrpo.batch import TokenBatch, pad_right
-from mmgrpo.env import ChatEnv
+from mmgrpo.batch import TokenBatch, VisionInputs, pad_right
+from mmgrpo.env import ChatEnv, assistant
+from mmgrpo.errors import ConfigError
 from mmgrpo.policy import Policy
 from mmgrpo.rollout import reset_group
 
@@ -41,6 +48,7 @@ def warm_start(
     low: int,
     high: int,
     seed: int,
+    source: str = "format",
     train_vision: bool = False,
     progress: bool = True,
     log: Callable[[dict], None] | None = None,
@@ -50,23 +58,27 @@ def warm_start(
 
     rng = random.Random(seed)
     env = make_env()
+    if source == "env" and getattr(env, "demonstration", None) is None:
+        raise ConfigError(
+            f"warm_start.source: env needs an environment with demonstrations (a ToolEnv subclass that "
+            f"implements demonstration(info, rng)); {type(env).__name__} has none. Use source: format."
+        )
     params = list(policy.model.parameters()) if train_vision else policy.language_parameters()
     params = [p for p in params if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     policy.model.train()
     loss_value = float("nan")
-    bar = tqdm(range(steps), desc="warm start (format only)", unit="step", disable=not progress)
+    desc = "warm start (demonstrations)" if source == "env" else "warm start (format only)"
+    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress)
     for step in bar:
         # training-split seeds far from the GRPO stage's (which start at 0), so the two stages see other scenes
         seeds = [10_000_000 + step * batch_size + i for i in range(batch_size)]
-        prompts = [reset_group([env], s, "train")[0] for s in seeds]
-        prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts)  # (B, P)
-        targets = format_targets(template, low, high, batch_size, rng)
-        responses = [policy.encode_text(t) + [policy.eos_token_id] for t in targets]
-        response_ids, response_mask = pad_right(responses, policy.pad_token_id)  # (B, T)
-        batch = TokenBatch(prompt_ids, prompt_mask, response_ids, response_mask, response_mask, vision)
+        if source == "env":
+            batch = demonstration_batch(policy, env, seeds, rng)
+        else:
+            batch = format_batch(policy, env, seeds, format_targets(template, low, high, batch_size, rng))
         logp = policy.logprobs(batch)  # (B, T)
-        mask = response_mask.to(logp.device).bool()  # (B, T)
+        mask = batch.loss_mask.to(logp.device).bool()  # (B, T)
         loss = -torch.where(mask, logp, 0.0).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -77,3 +89,56 @@ def warm_start(
             log({"stage": "warm_start", "step": step + 1, "nll": loss_value})
     bar.close()
     return loss_value
+
+
+def format_batch(policy: Policy, env: ChatEnv, seeds: list[int], targets: list[str]) -> TokenBatch:
+    """Prompts of ``seeds`` paired with single-turn ``targets``."""
+    prompts = [reset_group([env], s, "train")[0] for s in seeds]
+    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts)  # (B, P)
+    responses = [policy.encode_text(t) + [policy.eos_token_id] for t in targets]
+    response_ids, response_mask = pad_right(responses, policy.pad_token_id)  # (B, T)
+    return TokenBatch(prompt_ids, prompt_mask, response_ids, response_mask, response_mask, vision)
+
+
+def demonstration_batch(policy: Policy, env: ChatEnv, seeds: list[int], rng: random.Random) -> TokenBatch:
+    """The env's demonstrations of ``seeds``, played through ``step`` and laid out as the rollout lays
+    out an episode: policy turns (loss 1, each ending with end-of-turn), env turns (loss 0) between."""
+    prompts, tools, responses, masks, images = [], [], [], [], []
+    for s in seeds:
+        messages, info = env.reset(seed=s, options={"split": "train"})
+        turns = env.demonstration(info, rng) or []
+        ids: list[int] = []
+        mask: list[int] = []
+        row_images: list[VisionInputs] = []
+        history = list(messages)
+        for k, text in enumerate(turns):
+            turn = policy.encode_text(text) + [policy.eos_token_id]
+            ids, mask = ids + turn, mask + [1] * len(turn)
+            history.append(assistant(text))
+            obs, _, terminated, truncated, _ = env.step(text)
+            if terminated or truncated or not obs or k == len(turns) - 1:
+                break
+            more, new_vision = policy.encode_continuation(history, obs, info.get("tools"))
+            history += obs
+            ids, mask = ids + more, mask + [0] * len(more)
+            if not new_vision.empty:
+                row_images.append(new_vision)
+        prompts.append(messages)
+        tools.append(info.get("tools"))
+        responses.append(ids)
+        masks.append(mask)
+        joined = VisionInputs.concat_rows(row_images) if row_images else VisionInputs(images_per_seq=[0])
+        images.append(VisionInputs(joined.pixel_values, joined.image_grid_thw, [sum(joined.images_per_seq)]))
+    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P)
+    response_ids, response_mask = pad_right(responses, policy.pad_token_id)  # (B, T)
+    loss_mask, _ = pad_right(masks, 0)  # (B, T)
+    response_vision = VisionInputs.concat_rows(images)
+    return TokenBatch(
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        loss_mask,
+        vision,
+        response_vision=None if response_vision.empty else response_vision,
+    )

@@ -40,14 +40,12 @@ _SYMBOL = {ast.BitXor: "^", ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<", a
 Number = int | float
 
 
+# The docstring is the tool's description in every prompt (get_json_schema): short costs few tokens.
 def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the result.
-
-    Supports numbers (like 12 or 3.5), + - * / // % ** (power) and parentheses, e.g. "(17 + 3) * 2.5"
-    or "2**10". No variables, functions or text.
+    """Evaluate an arithmetic expression: numbers, + - * / // % ** and parentheses.
 
     Args:
-        expression: The arithmetic expression to evaluate, e.g. "12 * (3 + 4)".
+        expression: e.g. "12 * (3 + 4)"
     """
     if not isinstance(expression, str):
         raise ValueError(f"expression must be a string like '12 * (3 + 4)', got {type(expression).__name__}")

@@ -1,0 +1,134 @@
+"""Arithmetic with a calculator: "What is 47 * 38?" (registered env name ``tool_math``).
+
+A text task the tiny model cannot solve without a tool (it cannot multiply two-digit numbers) and can with
+one: call ``calculator`` with the question's expression, read the result from the tool's message, answer
+``<answer>1786</answer>``. The episode is multi-turn: a turn with ``<tool_call>`` blocks runs the tools
+(``mmgrpo.envs.tool_env.ToolEnv``), the first turn without one is the final answer.
+
+Demonstrations for the warm start (``warm_start.source: env``) teach the call syntax, not the task: each is
+a random choice between
+
+- answering at once with a random number (probability ``demo_answer_prob``),
+- calling the calculator on the question's numbers with a *different* operator and answering with what it
+  returns (``demo_wrong_op_prob``),
+- calling it on the question's expression and answering with what it returns (the rest).
+
+So after the warm start the policy knows how a call looks and that an answer copies the tool's result, but
+mostly answers without a tool or with the wrong operation; when to call, and with which expression, is what
+GRPO has to find (the tool-use metrics show it: ``tools/used_frac`` and the success rate).
+
+Determinism: a task is a pure function of ``(seed, split)`` through ``scene_seed`` (train seeds even, eval
+seeds odd generator seeds), as in ``counting`` and ``text_math``.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from mmgrpo.env import Task, system, user
+from mmgrpo.envs.counting import scene_seed
+from mmgrpo.envs.tool_env import ToolEnv
+from mmgrpo.errors import ConfigError, did_you_mean
+from mmgrpo.tools import tool_call_text  # noqa: F401  (re-exported for tests and users)
+
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+DEFAULT_SYSTEM_PROMPT = (
+    "Use a tool when you need it, then answer with the number only, inside <answer></answer>."
+)
+DEFAULT_QUESTION = "What is {a} {op} {b}?"
+
+
+class ToolMathEnv(ToolEnv):
+    """Answer ``a op b`` with two-digit (by default) operands; the calculator tool is offered.
+
+    Args (all keyword):
+        ops: operators to draw from, a subset of ``"+"``, ``"-"``, ``"*"`` (default ``["*"]``).
+        low, high: operands are uniform integers in ``[low, high]`` (default 10..99).
+        tools: built-in tool names offered to the model (default ``["calculator"]``; see mmgrpo.toolbox).
+        demo_answer_prob, demo_wrong_op_prob: the warm-start mix (module docstring).
+        system_prompt, question: the texts (question formatted with ``a``, ``op``, ``b``).
+        timeout_s, max_result_chars, max_calls_per_turn: the tool runner's limits.
+    """
+
+    def __init__(
+        self,
+        *,
+        ops: Sequence[str] = ("*",),
+        low: int = 10,
+        high: int = 99,
+        tools: Sequence[str] = ("calculator",),
+        demo_answer_prob: float = 0.6,
+        demo_wrong_op_prob: float = 0.25,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        question: str = DEFAULT_QUESTION,
+        timeout_s: float = 5.0,
+        max_result_chars: int = 2000,
+        max_calls_per_turn: int = 4,
+    ) -> None:
+        from mmgrpo.toolbox import make_tool
+
+        if isinstance(ops, str) or not ops or any(op not in OPS for op in ops):
+            bad = next((op for op in ops if op not in OPS), ops) if not isinstance(ops, str) else ops
+            raise ConfigError(
+                f"ToolMathEnv(ops={ops!r}): expected a non-empty list of operators from {list(OPS)}."
+                f"{did_you_mean(str(bad), tuple(OPS))}"
+            )
+        if (
+            isinstance(low, bool)
+            or isinstance(high, bool)
+            or not isinstance(low, int)
+            or not isinstance(high, int)
+        ):
+            raise ConfigError(f"ToolMathEnv(low={low!r}, high={high!r}): expected ints")
+        if low > high:
+            raise ConfigError(f"ToolMathEnv(low={low}, high={high}): expected low <= high")
+        for kwarg, p in (("demo_answer_prob", demo_answer_prob), ("demo_wrong_op_prob", demo_wrong_op_prob)):
+            if not 0.0 <= p <= 1.0:
+                raise ConfigError(f"ToolMathEnv({kwarg}={p!r}): expected a probability in [0, 1]")
+        if demo_answer_prob + demo_wrong_op_prob > 1.0:
+            raise ConfigError(
+                f"ToolMathEnv: demo_answer_prob + demo_wrong_op_prob = {demo_answer_prob + demo_wrong_op_prob} "
+                "> 1; the rest is the share of demonstrations that call the calculator correctly"
+            )
+        if isinstance(tools, str):
+            raise ConfigError(
+                f"ToolMathEnv(tools={tools!r}): expected a list of tool names, e.g. ['calculator']"
+            )
+        super().__init__(
+            [make_tool(name) for name in tools],
+            timeout_s=timeout_s,
+            max_result_chars=max_result_chars,
+            max_calls_per_turn=max_calls_per_turn,
+        )
+        self.ops, self.low, self.high = tuple(ops), low, high
+        self.demo_answer_prob, self.demo_wrong_op_prob = demo_answer_prob, demo_wrong_op_prob
+        self.system_prompt, self.question = system_prompt, question
+
+    def make_task(self, seed: int, split: str) -> Task:
+        rng = random.Random(scene_seed(seed, split))
+        op = rng.choice(self.ops)
+        a, b = rng.randint(self.low, self.high), rng.randint(self.low, self.high)
+        messages = [system(self.system_prompt), user(self.question.format(a=a, op=op, b=b))]
+        return Task(messages, {"answer": str(OPS[op](a, b)), "a": a, "b": b, "op": op})
+
+    def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str]:
+        a, b, op = info["a"], info["b"], info["op"]
+        u = rng.random()
+        if u < self.demo_answer_prob:  # answer at once, with a number that has nothing to do with the task
+            return [
+                f"<answer>{OPS[op](rng.randint(self.low, self.high), rng.randint(self.low, self.high))}</answer>"
+            ]
+        if u < self.demo_answer_prob + self.demo_wrong_op_prob:
+            op = rng.choice([o for o in OPS if o != op])
+        return [
+            tool_call_text("calculator", {"expression": f"{a} {op} {b}"}),
+            f"<answer>{OPS[op](a, b)}</answer>",
+        ]
+
+    @staticmethod
+    def reference_completion(info: dict[str, Any]) -> str:
+        """A final answer that deserves full reward for the task described by ``info``."""
+        return f"<answer>{info['answer']}</answer>"
