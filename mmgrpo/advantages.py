@@ -1,8 +1,10 @@
 """Group-relative advantages: the one place where rewards become the learning signal of GRPO.
 
-Rewards arrive as one flat tensor of N = num_groups * group_size scalars, where consecutive rows belong to the
-same task (rows ``[g*G : (g+1)*G]`` are group g). Every statistic is taken inside a group, never across the
-batch, and before the batch is split into micro-batches (see /work/shared/GRPO.md, sections 1, 2 and 5).
+Rewards arrive as one flat tensor of N = num_groups * group_size scalars. Which rows form a group is given
+explicitly by ``group_ids`` (one task id per row, as verl's ``uid``), so rows may come in any order (multi-turn
+batches, dynamic sampling and sharding move them); without ids, consecutive rows belong to the same task (rows
+``[g*G : (g+1)*G]`` are group g). Every statistic is taken inside a group, never across the batch, and before
+the batch is split into micro-batches.
 
     A_i = (r_i - baseline_i) / (scale_group + eps)
 
@@ -26,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -60,15 +63,32 @@ def _grouped(rewards: Tensor, group_size: int) -> Tensor:
     return rewards.view(n // group_size, group_size)  # (B, G)
 
 
+def group_order(group_ids: Sequence[int], group_size: int) -> Tensor:
+    """A permutation (N,) that puts the rows of each group next to each other (groups in order of first
+    appearance, rows in their order); DataError unless every id has exactly ``group_size`` rows."""
+    rows: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        rows.setdefault(int(g), []).append(i)
+    bad = {g: len(r) for g, r in rows.items() if len(r) != group_size}
+    if bad:
+        raise DataError(
+            f"every group needs exactly group_size={group_size} rows; group id -> rows: {dict(list(bad.items())[:5])}. "
+            "Keep all G episodes of a task in the batch."
+        )
+    return torch.tensor([i for r in rows.values() for i in r], dtype=torch.long)  # (N,)
+
+
 def group_advantages(
     rewards: Tensor,
     group_size: int,
     *,
+    group_ids: Sequence[int] | None = None,
     baseline: Baseline = "mean",
     scale: Scale = "std_unbiased",
     eps: float = 1e-6,
 ) -> Tensor:
-    """Advantages (N,) of rewards (N,), normalised inside each group of ``group_size`` consecutive rows.
+    """Advantages (N,) of rewards (N,), normalised inside each group: the rows sharing a ``group_ids`` entry,
+    or, without ids, each run of ``group_size`` consecutive rows.
 
     baseline: "mean" (GRPO) subtracts the group mean; "rloo" subtracts the mean of the other G-1 rewards.
     scale: divide by the group's "std_unbiased" (N-1) or "std_biased" (N) standard deviation plus ``eps``,
@@ -79,6 +99,16 @@ def group_advantages(
         raise ValueError(f"baseline must be 'mean' or 'rloo', got {baseline!r}.")
     if scale not in ("std_unbiased", "std_biased", "none"):
         raise ValueError(f"scale must be 'std_unbiased', 'std_biased' or 'none', got {scale!r}.")
+    if group_ids is not None:
+        if len(group_ids) != rewards.shape[0]:
+            raise DataError(
+                f"group_ids has {len(group_ids)} entries for {rewards.shape[0]} rewards; one per row."
+            )
+        order = group_order(group_ids, group_size)  # (N,) grouped rows
+        grouped = group_advantages(
+            rewards[order], group_size, baseline=baseline, scale=scale, eps=eps
+        )  # (N,)
+        return torch.empty_like(grouped).index_copy_(0, order, grouped)  # (N,) back in row order
     r = _grouped(rewards, group_size)  # (B, G)
     if group_size == 1:
         return torch.zeros_like(r).view(-1)  # (N,) no baseline without a second sample

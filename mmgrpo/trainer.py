@@ -147,8 +147,13 @@ class Trainer:
         scored = self.rewards.score(batch.episodes)
         rewards = scored.total  # (N,)
         adv = group_advantages(
-            rewards, g.group_size, baseline=g.baseline, scale=g.scale, eps=g.adv_eps
-        )  # (N,)
+            rewards,
+            g.group_size,
+            group_ids=batch.group_ids,
+            baseline=g.baseline,
+            scale=g.scale,
+            eps=g.adv_eps,
+        )  # (N,) over each task's G rows, whatever their order
         tokens = batch.tokens
         N = len(tokens)
         loss_mask = tokens.loss_mask  # (N, T)

@@ -113,3 +113,26 @@ def test_group_stats_hand_example():
     assert group_stats(torch.tensor(TABLE[0][0]), 8)["reward_std_within_group"] == pytest.approx(
         0.329231, abs=1e-5
     )
+
+
+def test_group_ids_make_row_order_irrelevant():
+    # GRPO.md's first worked row, as one group, plus a second group; rows shuffled and labelled by task id
+    first = [1.0, 0.8, 0.8, 0.5, 0.5, 0.5, 0.2, 0.0]
+    second = [0.2, 0.2, 0.9, 0.1, 0.0, 1.0, 1.0, 0.0]
+    rewards = torch.tensor(first + second)
+    consecutive = group_advantages(rewards, 8)  # (16,)
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(0))
+    ids = [0] * 8 + [1] * 8
+    shuffled = group_advantages(rewards[perm], 8, group_ids=[ids[i] for i in perm.tolist()])
+    torch.testing.assert_close(shuffled, consecutive[perm])
+    torch.testing.assert_close(
+        consecutive[:8],
+        torch.tensor([1.4048, 0.7973, 0.7973, -0.1139, -0.1139, -0.1139, -1.0251, -1.6326]),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_group_ids_must_cover_whole_groups():
+    with pytest.raises(DataError, match="exactly group_size=2"):
+        group_advantages(torch.tensor([1.0, 0.0, 1.0]), 2, group_ids=[0, 0, 1])
