@@ -79,13 +79,19 @@ class TextMathEnv(SingleTurnEnv):
         self.system_prompt, self.question = system_prompt, question
 
     def make_task(self, seed: int, split: str) -> Task:
-        rng = random.Random(scene_seed(seed, split))
-        op = rng.choice(self.ops)
-        a, b = rng.randint(self.low, self.high), rng.randint(self.low, self.high)
-        messages = [system(self.system_prompt), user(self.question.format(a=a, op=op, b=b))]
-        return Task(messages, {"answer": str(OPS[op](a, b)), "a": a, "b": b, "op": op})
+        return arithmetic_task(self, seed, split)
 
     @staticmethod
     def reference_completion(info: dict[str, Any]) -> str:
         """A completion that deserves full reward for the task described by ``info``."""
         return f"<answer>{info['answer']}</answer>"
+
+
+def arithmetic_task(env: Any, seed: int, split: str) -> Task:
+    """The task ``a op b`` of (seed, split) for an env with ``ops``, ``low``, ``high``, ``system_prompt`` and
+    ``question`` (text_math and tool_math): info holds ``answer`` (str), ``a``, ``b`` and ``op``."""
+    rng = random.Random(scene_seed(seed, split))
+    op = rng.choice(env.ops)
+    a, b = rng.randint(env.low, env.high), rng.randint(env.low, env.high)
+    messages = [system(env.system_prompt), user(env.question.format(a=a, op=op, b=b))]
+    return Task(messages, {"answer": str(OPS[op](a, b)), "a": a, "b": b, "op": op})

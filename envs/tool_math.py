@@ -8,14 +8,15 @@ one: call ``calculator`` with the question's expression, read the result from th
 Demonstrations for the warm start (``warm_start.source: env``) teach the call syntax, not the task: each is
 a random choice between
 
-- answering at once with a random number (probability ``demo_answer_prob``),
+- answering at once with a random number (probability ``demo_answer_prob``, default 0.1),
 - calling the calculator on the question's numbers with a *different* operator and answering with what it
-  returns (``demo_wrong_op_prob``),
-- calling it on the question's expression and answering with what it returns (the rest).
+  returns (``demo_wrong_op_prob``, default 0.7),
+- calling it on the question's expression and answering with what it returns (the rest, 0.2).
 
-So after the warm start the policy knows how a call looks and that an answer copies the tool's result, but
-mostly answers without a tool or with the wrong operation; when to call, and with which expression, is what
-GRPO has to find (the tool-use metrics show it: ``tools/used_frac`` and the success rate).
+So after the warm start the policy knows how a call looks, copies the question's numbers into it and the
+tool's result into its answer, but mostly calls with the wrong operation (greedy decoding picks a wrong
+one: 0.35 each against 0.2); when to call, and with which expression, is what GRPO has to find (the metrics show it: ``env/right_call``, the share of episodes that called the calculator on the question's
+expression, next to ``tools/used_frac`` and the success rate).
 
 Determinism: a task is a pure function of ``(seed, split)`` through ``scene_seed`` (train seeds even, eval
 seeds odd generator seeds), as in ``counting`` and ``text_math``.
@@ -23,18 +24,16 @@ seeds odd generator seeds), as in ``counting`` and ``text_math``.
 
 from __future__ import annotations
 
-import operator
 import random
 from collections.abc import Sequence
 from typing import Any
 
-from mmgrpo.env import Task, system, user
-from mmgrpo.envs.counting import scene_seed
+from mmgrpo.env import Task
+from mmgrpo.envs.text_math import OPS, arithmetic_task
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError, did_you_mean
-from mmgrpo.tools import tool_call_text  # noqa: F401  (re-exported for tests and users)
+from mmgrpo.tools import ToolCall, parse_tool_calls, tool_call_text
 
-OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 DEFAULT_SYSTEM_PROMPT = (
     "Use a tool when you need it, then answer with the number only, inside <answer></answer>."
 )
@@ -60,8 +59,8 @@ class ToolMathEnv(ToolEnv):
         low: int = 10,
         high: int = 99,
         tools: Sequence[str] = ("calculator",),
-        demo_answer_prob: float = 0.6,
-        demo_wrong_op_prob: float = 0.25,
+        demo_answer_prob: float = 0.1,
+        demo_wrong_op_prob: float = 0.7,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         question: str = DEFAULT_QUESTION,
         timeout_s: float = 5.0,
@@ -108,11 +107,7 @@ class ToolMathEnv(ToolEnv):
         self.system_prompt, self.question = system_prompt, question
 
     def make_task(self, seed: int, split: str) -> Task:
-        rng = random.Random(scene_seed(seed, split))
-        op = rng.choice(self.ops)
-        a, b = rng.randint(self.low, self.high), rng.randint(self.low, self.high)
-        messages = [system(self.system_prompt), user(self.question.format(a=a, op=op, b=b))]
-        return Task(messages, {"answer": str(OPS[op](a, b)), "a": a, "b": b, "op": op})
+        return arithmetic_task(self, seed, split)
 
     def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str]:
         a, b, op = info["a"], info["b"], info["op"]
@@ -128,7 +123,35 @@ class ToolMathEnv(ToolEnv):
             f"<answer>{OPS[op](a, b)}</answer>",
         ]
 
+    def reset(self, *, seed=None, options=None):
+        self._right_call = False
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: str):
+        obs, reward, terminated, truncated, info = super().step(action)
+        task = self._info or {}
+        if isinstance(action, str) and "<tool_call>" in action:
+            asked = OPS[task["op"]](task["a"], task["b"])
+            self._right_call |= any(
+                call.name == "calculator" and _value(call.arguments.get("expression")) == asked
+                for call in parse_tool_calls(action)
+                if isinstance(call, ToolCall)
+            )
+        # "did the episode call the calculator on the question's expression": what GRPO has to learn
+        info["metrics"] = {"right_call": float(self._right_call)}
+        return obs, reward, terminated, truncated, info
+
     @staticmethod
     def reference_completion(info: dict[str, Any]) -> str:
         """A final answer that deserves full reward for the task described by ``info``."""
         return f"<answer>{info['answer']}</answer>"
+
+
+def _value(expression: object) -> float | None:
+    """The calculator's value of ``expression``, or None if it has none."""
+    from mmgrpo.toolbox.calculator import calculator
+
+    try:
+        return float(calculator(str(expression)))
+    except ValueError:
+        return None

@@ -250,9 +250,10 @@ def _tool_use(result) -> str:
     m = result.episode_metrics
     if not m:
         return ""
+    env = "".join(f" {k}={v:.2f}" for k, v in m.items() if k.startswith("env/"))
     return (
         f"; tool use: used_frac={m['tools/used_frac']:.2f} calls/ep={m['tool_calls']:.2f} "
-        f"failures/ep={m['tools/failures']:.2f} turns/ep={m['turns']:.2f}"
+        f"failures/ep={m['tools/failures']:.2f} turns/ep={m['turns']:.2f}{env}"
     )
 
 

@@ -1,6 +1,6 @@
 """The GRPO policy loss: token log-probs, the k3 KL estimator and the clipped surrogate, as pure functions.
 
-Read top to bottom, ``grpo_loss`` is /work/shared/GRPO.md section 1, step 5, plus the variants of section 5:
+Read top to bottom, ``grpo_loss`` is the GRPO update (DeepSeekMath, arXiv 2402.03300) plus its variants:
 
     ratio     = exp(logp - old_logp)                                   per token (or per sequence, GSPO)
     surrogate = min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)

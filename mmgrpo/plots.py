@@ -287,6 +287,10 @@ def plot_metrics(
     panels: list[tuple[str, list[tuple[float, float]], tuple[float, float], tuple[int, int, int], bool]] = []
     steps = [st for st, _ in series(grpo, "step")] or [0.0, float(len(grpo) - 1)]
     x_range = (min(steps), max(steps))
+    if tuple(keys) == DEFAULT_KEYS:  # multi-turn runs: how the tool use changed, and the env's own metrics
+        seen = {k for r in grpo for k in r}
+        keys = [*keys, *(k for k in ("tools/used_frac", "tools/failures") if k in seen)]
+        keys += sorted(k for k in seen if k.startswith("env/"))
     for i, key in enumerate(present_keys(grpo, keys)):
         points = series(grpo, key)
         sparse = len(points) < 0.5 * len(grpo)

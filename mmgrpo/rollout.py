@@ -61,6 +61,7 @@ class Trajectory:
     tool_calls: int = 0
     tool_failures: dict[str, int] = field(default_factory=dict)
     response_vision: VisionInputs = field(default_factory=lambda: VisionInputs(images_per_seq=[0]))
+    env_metrics: dict[str, float] = field(default_factory=dict)  # the env's own, last value per name
 
     @property
     def num_policy_tokens(self) -> int:
@@ -206,6 +207,9 @@ def rollout(
             t.tool_calls += int(info.get("tool_calls", 0))
             for kind, n in (info.get("tool_failures") or {}).items():
                 t.tool_failures[kind] = t.tool_failures.get(kind, 0) + int(n)
+            for name, value in (info.get("metrics") or {}).items():
+                if isinstance(value, (int, float)):
+                    t.env_metrics[str(name)] = float(value)
             if terminated or error is not None:
                 continue
             if env_truncated:
@@ -308,7 +312,9 @@ def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
 
     turns, tool_calls (per episode), tools/used_frac (share of episodes with at least one call),
     tools/failures (per episode) and tools/fail/<kind> (per episode, every kind seen), truncated/<reason>
-    (share of episodes cut by max_new_tokens, max_turns, token_budget or the env).
+    (share of episodes cut by max_new_tokens, max_turns, token_budget or the env), and env/<name> for
+    every number an env reported in its step infos under ``info["metrics"]`` (last value per episode,
+    averaged over the episodes that reported it).
     """
     n = max(len(trajectories), 1)
     out: dict[str, float] = {
@@ -322,4 +328,9 @@ def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         out[f"tools/fail/{kind}"] = sum(t.tool_failures.get(kind, 0) for t in trajectories) / n
     for reason in TRUNCATION_REASONS:
         out[f"truncated/{reason}"] = sum(t.truncation == reason for t in trajectories) / n
+    for name in sorted(
+        {k for t in trajectories for k in t.env_metrics}
+    ):  # mean over the episodes reporting it
+        values = [t.env_metrics[name] for t in trajectories if name in t.env_metrics]
+        out[f"env/{name}"] = sum(values) / len(values)
     return out

@@ -122,3 +122,15 @@ def test_tool_agent_trains_two_steps_and_evaluates(tiny_model_dir, tmp_path, cap
     out = capsys.readouterr().out
     assert "tools/used_frac" in out and "accuracy:" in out
     assert any((tmp_path / "run" / "final" / "transcripts").glob("episode-*.md"))
+
+
+def test_right_call_metric_tells_the_questions_expression_from_another():
+    env = ToolMathEnv()
+    _, info = env.reset(seed=5)
+    a, b = info["a"], info["b"]
+    *_, step_info = env.step(tool_call_text("calculator", {"expression": f"{a} + {b}"}))
+    assert step_info["metrics"] == {"right_call": 0.0}
+    *_, step_info = env.step(tool_call_text("calculator", {"expression": f"{b}*{a}"}))  # same value counts
+    assert step_info["metrics"] == {"right_call": 1.0}
+    *_, step_info = env.step(f"<answer>{a * b}</answer>")
+    assert step_info["metrics"] == {"right_call": 1.0}
