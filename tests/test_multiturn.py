@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmgrpo.env import ChatEnv, image_part, system, text_part
+from mmgrpo.env import ChatEnv, image_part, system, text_part, user
 from mmgrpo.losses import grpo_loss
 from mmgrpo.policy import Policy
 from mmgrpo.rollout import rollout
@@ -211,3 +211,44 @@ def test_shared_prefill_equals_full_forward_on_multiturn_text(tiny_policy):
     full = policy.logprobs(batch.tokens, share_prompt=False)
     mask = batch.tokens.response_mask.bool()
     torch.testing.assert_close(shared[mask], full[mask], atol=1e-5, rtol=0)
+
+
+def test_tool_calls_of_all_episodes_in_a_turn_run_at_once(tiny_policy):
+    import threading
+    import time
+
+    from mmgrpo.env import Task
+    from mmgrpo.envs.tool_env import ToolEnv
+
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    def wait(seconds: float) -> str:
+        """Wait, then say so.
+
+        Args:
+            seconds: how long
+        """
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(seconds)
+        with lock:
+            state["now"] -= 1
+        return "done"
+
+    class WaitEnv(ToolEnv):
+        def __init__(self):
+            super().__init__([wait], timeout_s=5.0)
+
+        def make_task(self, seed, split):
+            return Task([system("Call wait."), user("Go.")], {"answer": "1"})
+
+    policy = ScriptedPolicy(
+        tiny_policy,
+        ['<tool_call>\n{"name": "wait", "arguments": {"seconds": 0.3}}\n</tool_call>', "<answer>1</answer>"],
+    )
+    envs = [WaitEnv() for _ in range(8)]
+    batch = rollout(policy, envs, [0, 1], group_size=4, max_new_tokens=40, max_turns=2)
+    assert all(t.tool_calls == 1 and not t.tool_failures for t in batch.trajectories)
+    assert state["most"] == 8  # every episode's call was in flight at the same time
