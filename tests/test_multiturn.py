@@ -252,3 +252,22 @@ def test_tool_calls_of_all_episodes_in_a_turn_run_at_once(tiny_policy):
     batch = rollout(policy, envs, [0, 1], group_size=4, max_new_tokens=40, max_turns=2)
     assert all(t.tool_calls == 1 and not t.tool_failures for t in batch.trajectories)
     assert state["most"] == 8  # every episode's call was in flight at the same time
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_with_its_name(tiny_policy):
+    import copy
+
+    from mmgrpo.errors import DataError
+    from mmgrpo.tiny import CHAT_TEMPLATE
+
+    processor = copy.deepcopy(tiny_policy.processor)
+    processor.chat_template = "turns: {{ messages | length }}\n" + CHAT_TEMPLATE  # changes with every turn
+    policy = Policy(tiny_policy.model, processor)
+    history = [user("Go."), {"role": "assistant", "content": [text_part("<tool_call>{}</tool_call>")]}]
+    new = [{"role": "tool", "name": "zoom", "content": [text_part("done")]}]
+    with pytest.raises(DataError, match="does not render a conversation as a prefix extension") as err:
+        policy.encode_continuation(history, new)
+    assert policy.name_or_path in str(err.value) and "differ at character 7" in str(err.value)
+    ids, vision = tiny_policy.encode_continuation(history, new)  # the tiny model's own template is fine
+    assert tiny_policy.tokenizer.decode(ids).startswith("\n<|im_start|>user\n<tool_response>\ndone")
+    assert vision.empty
