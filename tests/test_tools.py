@@ -19,10 +19,9 @@ from PIL import Image
 
 from mmgrpo.env import message_problem
 from mmgrpo.errors import ConfigError
+from mmgrpo.tool_calls import MAX_PARSE_CHARS, MAX_PARSED_CALLS
 from mmgrpo.tools import (
     FAILURE_KINDS,
-    MAX_PARSE_CHARS,
-    MAX_PARSED_CALLS,
     Tool,
     ToolCall,
     ToolFailure,
