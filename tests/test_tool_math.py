@@ -134,3 +134,26 @@ def test_right_call_metric_tells_the_questions_expression_from_another():
     assert step_info["metrics"] == {"right_call": 1.0}
     *_, step_info = env.step(f"<answer>{a * b}</answer>")
     assert step_info["metrics"] == {"right_call": 1.0}
+
+
+def test_transcripts_are_saved_as_markdown_with_images_as_png(tmp_path):
+    from PIL import Image
+
+    from mmgrpo.env import image_part, text_part, user
+    from mmgrpo.evaluate import EvalResult, write_transcripts
+
+    zoomed = Image.new("RGB", (112, 112), (220, 40, 40))
+    conversation = [
+        user("How many red dots are in cell 5?"),
+        {"role": "assistant", "content": [text_part(tool_call_text("zoom", {"cell": 5}))]},
+        {"role": "tool", "name": "zoom", "content": [image_part(zoomed)], "error": None},
+        {"role": "assistant", "content": [text_part("<answer>3</answer>")]},
+    ]
+    result = EvalResult(accuracy=1.0, n=1, metric="number_match", transcripts=[conversation])
+    folder = write_transcripts(result, tmp_path)
+    text = (folder / "episode-0.md").read_text()
+    assert "## tool (zoom)" in text and '"cell": 5' in text and "<answer>3</answer>" in text
+    (png,) = folder.glob("*.png")
+    assert f"![image]({png.name})" in text
+    assert Image.open(png).getpixel((56, 56)) == (220, 40, 40)
+    assert "transcripts" not in result.to_json()  # eval.json keeps the numbers, the folder the episodes
