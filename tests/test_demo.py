@@ -1,4 +1,4 @@
-"""The full embedded demos, end to end (counting about 2 minutes, tools about 10, on 2 CPU cores): run with
+"""The full embedded demos, end to end (counting 2-6 minutes, tools about 11, on 2 CPU cores): run with
 `pytest -m slow`."""
 
 from __future__ import annotations
