@@ -271,3 +271,31 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_with_its_name(tiny_po
     ids, vision = tiny_policy.encode_continuation(history, new)  # the tiny model's own template is fine
     assert tiny_policy.tokenizer.decode(ids).startswith("\n<|im_start|>user\n<tool_response>\ndone")
     assert vision.empty
+
+
+def test_a_runaway_sandboxed_program_is_an_observation_and_the_step_goes_on(tiny_policy):
+    from mmgrpo.env import Task
+    from mmgrpo.envs.tool_env import ToolEnv
+    from mmgrpo.toolbox import make_tool
+    from mmgrpo.tools import tool_call_text
+
+    class CodeEnv(ToolEnv):
+        def __init__(self):
+            super().__init__([make_tool("python", cpu_seconds=1, wall_seconds=2)], timeout_s=10.0)
+
+        def make_task(self, seed, split):
+            return Task([system("Run code."), user("Loop.")], {"answer": "1"})
+
+    policy = ScriptedPolicy(
+        tiny_policy,
+        [tool_call_text("python", {"code": "while True:\n    pass"}), "<answer>1</answer>"],
+    )
+    batch = rollout(policy, [CodeEnv() for _ in range(2)], [0], group_size=2, max_new_tokens=60, max_turns=2)
+    for t in batch.trajectories:
+        tool_text = "".join(p["text"] for p in t.messages[3]["content"] if p["type"] == "text")
+        assert t.messages[3]["role"] == "tool" and "limit" in tool_text.lower()  # the model is told
+        assert t.turns == 2 and t.completion == "<answer>1</answer>"
+    logp = policy.logprobs(batch.tokens)  # (N, T) and the update goes on
+    out = grpo_loss(logp, None, None, torch.tensor([1.0, -1.0]), batch.tokens.loss_mask.float())
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
