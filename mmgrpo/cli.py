@@ -146,6 +146,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     """Sample only (no update): the reward distribution and within-group variance GRPO will see."""
     from mmgrpo.advantages import group_stats
     from mmgrpo.config import load_config
+    from mmgrpo.env import message_text
     from mmgrpo.rollout import rollout
     from mmgrpo.trainer import build_env_factory, build_rewards, load_policy
 
@@ -174,7 +175,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
         zero.append(group_stats(scored.total, g.group_size)["frac_zero_std_groups"])
         if step == 0:
             for t in batch.trajectories[: min(4, len(batch.trajectories))]:
-                print(f"  answer={t.task.get('answer')!r} completion={t.completion!r}")
+                turns = [message_text(m) for m in t.messages if m["role"] in ("assistant", "tool")]
+                shown = (
+                    " | ".join(turns) if t.turns > 1 else t.completion
+                )  # multi-turn: calls and results too
+                print(f"  answer={t.task.get('answer')!r} completion={shown!r}")
     hist: dict[float, int] = {}
     for r in totals:
         hist[round(r, 2)] = hist.get(round(r, 2), 0) + 1
