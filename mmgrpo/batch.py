@@ -68,6 +68,14 @@ class VisionInputs:
         )
 
     @staticmethod
+    def one_sequence(chunks: list[VisionInputs]) -> VisionInputs:
+        """The images of ``chunks`` (e.g. one per env turn of an episode) as a single sequence's."""
+        if not chunks:
+            return VisionInputs(images_per_seq=[0])
+        joined = VisionInputs.concat_rows(chunks)
+        return VisionInputs(joined.pixel_values, joined.image_grid_thw, [sum(joined.images_per_seq)])
+
+    @staticmethod
     def join(first: VisionInputs, then: VisionInputs) -> VisionInputs:
         """Per sequence, the images of ``first`` followed by those of ``then`` (same number of sequences)."""
         if then.empty:

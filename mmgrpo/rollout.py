@@ -246,7 +246,7 @@ def rollout(
             raise DataError(f"an episode reached the model's {limit} positions; lower env.max_episode_tokens")
         row_vision = VisionInputs.join(
             vision.select([trajs[i].group for i in live]),
-            VisionInputs.concat_rows([_merged(resp_images[i]) for i in live]),
+            VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
         )
         turn_budget = [max(1, min(max_new_tokens, budget - len(trajs[i].response_ids))) for i in live]
         new_ids, finished = policy.generate(
@@ -267,7 +267,7 @@ def rollout(
     response_ids, response_mask = pad_right([t.response_ids for t in trajs], policy.pad_token_id)  # (N, T)
     loss_mask, _ = pad_right([t.loss_mask for t in trajs], 0)  # (N, T)
     for i, t in enumerate(trajs):
-        t.response_vision = _merged(resp_images[i])
+        t.response_vision = VisionInputs.one_sequence(resp_images[i])
     response_vision = VisionInputs.concat_rows([t.response_vision for t in trajs])
     idx = torch.as_tensor(rows)
     tokens = TokenBatch(  # the prompt's ids repeated per row; its pixels held once (prompt_index)
@@ -297,14 +297,6 @@ def _pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
         ids[k, L - len(s) :] = torch.as_tensor(s, dtype=torch.long)
         mask[k, L - len(s) :] = 1
     return ids, mask
-
-
-def _merged(chunks: list[VisionInputs]) -> VisionInputs:
-    """One sequence's images from the chunks of its env turns (each chunk one sequence)."""
-    if not chunks:
-        return VisionInputs(images_per_seq=[0])
-    joined = VisionInputs.concat_rows(chunks)
-    return VisionInputs(joined.pixel_values, joined.image_grid_thw, [sum(joined.images_per_seq)])
 
 
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:

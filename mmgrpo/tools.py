@@ -199,34 +199,6 @@ def count_failures(results: Iterable[ToolResult]) -> dict[str, int]:
     return counts
 
 
-@dataclass
-class ToolStats:
-    """Running totals over many tool results (e.g. one rollout step), for metrics."""
-
-    calls: int = 0
-    seconds: float = 0.0
-    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
-
-    def add(self, results: Iterable[ToolResult]) -> ToolStats:
-        for r in results:
-            self.calls += 1
-            self.seconds += r.seconds
-            if r.failure is not None:
-                self.failures[r.failure] = self.failures.get(r.failure, 0) + 1
-        return self
-
-    def metrics(self, prefix: str = "tools/") -> dict[str, float]:
-        """``calls``, ``failure_rate``, ``seconds_per_call`` and ``failures/<kind>`` (every kind, zeros too)."""
-        n = max(self.calls, 1)
-        out = {
-            f"{prefix}calls": float(self.calls),
-            f"{prefix}failure_rate": sum(self.failures.values()) / n,
-            f"{prefix}seconds_per_call": self.seconds / n,
-        }
-        out.update({f"{prefix}failures/{k}": float(v) for k, v in self.failures.items()})
-        return out
-
-
 # --------------------------------------------------------------------------------------------- results
 def to_content(value: Any) -> list[Part]:
     """A tool's return value as message parts: str/number/bool -> text, dict/list -> JSON text, PIL image ->
