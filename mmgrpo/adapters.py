@@ -3,15 +3,27 @@
 The forward/decode engine (``mmgrpo.engine``) and the policy (``mmgrpo.policy``) ask the adapter; nothing
 else names a family. An adapter answers:
 
-- which forward keywords carry the images (``pixel_values``, ``image_grid_thw``, token-type ids);
+- how one sequence's processor output becomes its vision tensors (``vision_of``) and how the tensors of
+  several sequences become forward keywords (``forward_kwargs``): Qwen-VL concatenates patch rows and grids,
+  LLaVA and Gemma 3 stack one (C, H, W) tensor per image, Idefics3 stacks sub-images under one batch row;
+- which token-type ids the forward takes (Qwen-VL ``mm_token_type_ids``, Gemma 3 ``token_type_ids``, whose
+  image tokens attend to each other both ways);
 - how positions are laid out: 1-D text positions that skip left padding, or Qwen-VL's 3-D M-RoPE
   positions (temporal, height, width) whose text part is offset per row (``rope_deltas``) after images;
 - which token ids the policy must never sample (image placeholders have no image behind them);
-- how vision parameters are named (to freeze the encoder or train the language side only).
+- how vision parameters are named (to freeze the encoder, give it its own learning rate, keep LoRA off it).
 
-Two adapters today: ``CausalLMAdapter`` (any text-only causal LM) and ``QwenVLAdapter`` (Qwen2-VL and
-Qwen2.5-VL). A new family (LLaVA-style, Idefics3, Gemma 3) is one subclass and one line in
-``adapter_for``.
+Stop ids are not the adapter's: they come from the checkpoint's generation_config (see ``Policy``).
+
+| family (model_type)                       | adapter           | vision tensors per sequence            |
+|-------------------------------------------|-------------------|----------------------------------------|
+| any text-only causal LM (qwen2, llama...) | CausalLMAdapter   | none                                   |
+| qwen2_vl, qwen2_5_vl, qwen3_vl            | QwenVLAdapter     | pixel_values (patches, dim), grid_thw  |
+| llava                                     | LlavaAdapter      | pixel_values (images, C, H, W)         |
+| idefics3, smolvlm                         | Idefics3Adapter   | pixel_values + pixel_attention_mask    |
+| gemma3                                    | Gemma3Adapter     | pixel_values (images, C, H, W)         |
+
+A new family is one subclass and one entry in ``FAMILIES``.
 """
 
 from __future__ import annotations
@@ -23,6 +35,9 @@ from torch import Tensor
 
 from mmgrpo.batch import VisionInputs
 from mmgrpo.errors import ConfigError
+
+TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
+"""Processor outputs that describe the text; the adapter rebuilds token types from the ids itself."""
 
 
 def unwrap(model):
@@ -42,12 +57,45 @@ class CausalLMAdapter:
         self.video_token_id: int | None = None
         self.suppress_ids: list[int] = []
 
+    # ------------------------------------------------------------------------------------ vision tensors
+    vision_keys: tuple[str, ...] = ()
+    """Processor outputs passed to the forward (others, e.g. bookkeeping counts, are dropped)."""
+    batched_keys: tuple[str, ...] = ()
+    """Keys whose processor output carries a leading batch dimension per text (Idefics3's sub-images)."""
+
+    def vision_of(self, enc: dict[str, Any]) -> dict[str, Tensor]:
+        """One sequence's vision tensors from the processor output of that single sequence."""
+        out = {}
+        for k in self.vision_keys:
+            v = enc.get(k)
+            if isinstance(v, Tensor):
+                out[k] = v[0] if k in self.batched_keys else v
+        return out
+
+    def vision_kwargs(self, vision: VisionInputs, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        """Forward keywords carrying the images of the sequences of ``vision``, in order."""
+        if vision.empty:
+            return {}
+        v = vision.to(device, dtype=dtype)
+        kw = {k: v.stacked(k) for k in v.keys()}
+        for k in self.batched_keys:
+            if k in kw:
+                kw[k] = kw[k].unsqueeze(0)  # (1, images, ...): the model matches images to placeholders in order
+        return kw
+
+    def token_type_kwargs(self, ids: Tensor) -> dict[str, Tensor]:
+        """Token-type ids the family's forward wants for ids (N, L), if any."""
+        return {}
+
     # ------------------------------------------------------------------------------------ forward keywords
     def forward_kwargs(
         self, ids: Tensor, mask: Tensor, vision: VisionInputs, device: torch.device, dtype: torch.dtype
     ) -> dict[str, Any]:
         """Keyword arguments of a forward / generate call for ids (N, L) and their images."""
-        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+        kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+        kw.update(self.vision_kwargs(vision, device, dtype))
+        kw.update({k: v.to(device) for k, v in self.token_type_kwargs(ids).items()})
+        return kw
 
     # ------------------------------------------------------------------------------------------ positions
     def uses_mrope(self, model) -> bool:
@@ -78,8 +126,25 @@ class CausalLMAdapter:
         return any(k in name for k in self.vision_param_keys)
 
 
-class QwenVLAdapter(CausalLMAdapter):
-    """Qwen2-VL / Qwen2.5-VL: ``pixel_values`` rows per 14x14 patch, ``image_grid_thw`` per image,
+class VisionLanguageAdapter(CausalLMAdapter):
+    """Common ground of the image-text-to-text families: an image placeholder id from the config, never
+    sampled, and the ``pixel_values`` of every image."""
+
+    name = "vision-language"
+    vision_keys = ("pixel_values",)
+    placeholder_attrs: tuple[str, ...] = ("image_token_id",)
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.image_token_id = _config_id(config, "image_token_id", "image_token_index")
+        self.video_token_id = _config_id(config, "video_token_id")
+        # placeholders the policy must never sample: a generated image token has no image behind it
+        self.suppress_ids = sorted({i for a in self.placeholder_attrs if (i := _config_id(config, a)) is not None})
+
+
+class QwenVLAdapter(VisionLanguageAdapter):
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: ``pixel_values`` rows per 14x14 (Qwen3: 16x16) patch,
+    ``image_grid_thw`` per image (videos: ``pixel_values_videos``, ``video_grid_thw``),
     ``mm_token_type_ids`` (0 text, 1 image, 2 video) and 3-D M-RoPE positions.
 
     When a sequence holds images the model computes its own positions (``get_rope_index``) and leaves
@@ -87,32 +152,18 @@ class QwenVLAdapter(CausalLMAdapter):
     """
 
     name = "qwen-vl"
+    vision_keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+    placeholder_attrs = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        self.image_token_id = getattr(config, "image_token_id", None)
-        self.video_token_id = getattr(config, "video_token_id", None)
-        # placeholders the policy must never sample: a generated image token has no image behind it
-        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-        self.suppress_ids = sorted({i for a in names if (i := getattr(config, a, None)) is not None})
-
-    def forward_kwargs(
-        self, ids: Tensor, mask: Tensor, vision: VisionInputs, device: torch.device, dtype: torch.dtype
-    ) -> dict[str, Any]:
-        kw = super().forward_kwargs(ids, mask, vision, device, dtype)
-        if not vision.empty:
-            v = vision.to(device, dtype=dtype)
-            kw["pixel_values"] = v.pixel_values
-            kw["image_grid_thw"] = v.image_grid_thw
+    def token_type_kwargs(self, ids: Tensor) -> dict[str, Tensor]:
         tt = torch.zeros_like(ids, dtype=torch.int)  # (N, L) 0 text, 1 image, 2 video
         tt[ids == self.image_token_id] = 1
         if self.video_token_id is not None:
             tt[ids == self.video_token_id] = 2
-        kw["mm_token_type_ids"] = tt.to(device)
-        return kw
+        return {"mm_token_type_ids": tt}
 
     def uses_mrope(self, model) -> bool:
-        return hasattr(getattr(unwrap(model), "model", None), "rope_deltas")
+        return hasattr(_inner_model(model), "rope_deltas")
 
     def positions_given_to_prefill(self, mask: Tensor, vision: VisionInputs, model) -> Tensor | None:
         if self.uses_mrope(model) and not vision.empty:
@@ -121,19 +172,82 @@ class QwenVLAdapter(CausalLMAdapter):
 
     def prefill_delta(self, model, vision: VisionInputs) -> Tensor | None:
         if self.uses_mrope(model) and not vision.empty:
-            return unwrap(model).model.rope_deltas  # (N, 1) offset left by the images
+            return _inner_model(model).rope_deltas  # (N, 1) offset left by the images
         return None
+
+
+class LlavaAdapter(VisionLanguageAdapter):
+    """LLaVA-1.5 style: a CLIP/SigLIP tower, ``pixel_values`` (images, C, H, W), one fixed-size block of
+    ``<image>`` tokens per image, plain 1-D positions."""
+
+    name = "llava"
+    vision_keys = ("pixel_values", "image_sizes")
+    vision_param_keys = ("vision_tower", "multi_modal_projector")
+
+
+class Idefics3Adapter(VisionLanguageAdapter):
+    """Idefics3 / SmolVLM: a SigLIP tower and a pixel-shuffle connector. The processor returns
+    ``pixel_values`` (1, sub-images, C, H, W) and ``pixel_attention_mask`` per text; the sub-images of all
+    sequences go in one batch row (the model fills the ``<image>`` placeholders in order and drops all-zero
+    padding images)."""
+
+    name = "idefics3"
+    vision_keys = ("pixel_values", "pixel_attention_mask")
+    batched_keys = ("pixel_values", "pixel_attention_mask")
+    vision_param_keys = ("vision_model", "connector")
+
+
+class Gemma3Adapter(VisionLanguageAdapter):
+    """Gemma 3: a SigLIP tower, ``pixel_values`` (images, C, H, W), and ``token_type_ids`` (1 on image
+    tokens) with which image tokens attend to each other in both directions (text stays causal)."""
+
+    name = "gemma3"
+    vision_param_keys = ("vision_tower", "multi_modal_projector")
+    placeholder_attrs = ("image_token_id", "image_token_index", "boi_token_index", "eoi_token_index")
+
+    def token_type_kwargs(self, ids: Tensor) -> dict[str, Tensor]:
+        return {"token_type_ids": (ids == self.image_token_id).long()}  # (N, L)
+
+
+FAMILIES: dict[str, type[CausalLMAdapter]] = {
+    "qwen2_vl": QwenVLAdapter,
+    "qwen2_5_vl": QwenVLAdapter,
+    "qwen3_vl": QwenVLAdapter,
+    "llava": LlavaAdapter,
+    "idefics3": Idefics3Adapter,
+    "smolvlm": Idefics3Adapter,
+    "gemma3": Gemma3Adapter,
+}
+"""Vision-language model types with an adapter (config.model_type -> adapter class)."""
+
+
+def _config_id(config, *names: str) -> int | None:
+    for n in names:
+        v = getattr(config, n, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def _inner_model(model):
+    """The decoder-holding ``.model`` of a (possibly LoRA-wrapped) image-text-to-text model."""
+    m = unwrap(model)
+    if hasattr(m, "get_base_model"):
+        m = m.get_base_model()
+    return getattr(m, "model", None)
 
 
 def adapter_for(model) -> CausalLMAdapter:
     """The adapter of ``model``'s family (by its config)."""
     config = unwrap(model).config
-    if getattr(config, "image_token_id", None) is not None and "qwen" in getattr(config, "model_type", ""):
-        return QwenVLAdapter(config)
-    if getattr(config, "image_token_id", None) is not None:
+    model_type = getattr(config, "model_type", "")
+    if model_type in FAMILIES:
+        return FAMILIES[model_type](config)
+    if _config_id(config, "image_token_id", "image_token_index") is not None or hasattr(config, "vision_config"):
         raise ConfigError(
-            f"model type '{config.model_type}' is a vision-language family mmgrpo has no adapter for yet; "
-            "supported today: Qwen2-VL / Qwen2.5-VL and text-only causal LMs (add a subclass of "
-            "mmgrpo.adapters.CausalLMAdapter and a line in adapter_for)"
+            f"model type '{model_type}' is a vision-language family mmgrpo has no adapter for yet; "
+            f"supported: {', '.join(sorted(FAMILIES))} and text-only causal LMs. Add a subclass of "
+            "mmgrpo.adapters.VisionLanguageAdapter (its vision keys, token types, placeholder ids, vision "
+            "parameter names) and an entry in mmgrpo.adapters.FAMILIES."
         )
     return CausalLMAdapter(config)

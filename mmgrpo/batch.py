@@ -4,9 +4,11 @@
     response_ids (N, T)  right-padded   everything after it: policy turns and, in multi-turn episodes,
                                         the environment's turns in between (loss_mask 0 there)
 
-Vision inputs (``pixel_values`` rows, one per 14x14 patch, and ``image_grid_thw``, one row per image)
-travel with the batch in sequence order, so that any subset of rows can be selected (micro-batches, the
-G copies of a prompt) without re-running the processor.
+Vision inputs are the processor's image tensors kept per sequence, so that any subset of rows can be
+selected (micro-batches, the G copies of a prompt) without re-running the processor, whatever the model
+family lays its pixels out as (Qwen-VL: patch rows and a (t, h, w) grid per image; LLaVA and Gemma 3: one
+(C, H, W) tensor per image; Idefics3: sub-images with a pixel mask). The family's adapter
+(``mmgrpo.adapters``) turns them into forward keywords.
 """
 
 from __future__ import annotations
@@ -19,87 +21,88 @@ from torch import Tensor
 
 @dataclass
 class VisionInputs:
-    """Processor outputs for the images of a batch, in sequence order.
+    """Processor outputs for the images of a batch, one entry per sequence.
 
-    pixel_values   (num_patches, patch_dim)  rows of all images, image after image
-    image_grid_thw (num_images, 3)           (t, h, w) patch grid of each image
-    images_per_seq list[int]                 how many images each sequence owns, in order
+    seqs           list[dict[str, Tensor]]  per sequence, processor key -> that sequence's rows, image
+                                            after image (e.g. ``pixel_values`` (patches, dim) and
+                                            ``image_grid_thw`` (images, 3) for Qwen-VL); {} = no image
+    images_per_seq list[int]                how many images (or videos) each sequence owns, in order
+
+    Tensors are shared, not copied, when rows are selected or repeated.
     """
 
-    pixel_values: Tensor | None = None
-    image_grid_thw: Tensor | None = None
+    seqs: list[dict[str, Tensor]] = field(default_factory=list)
     images_per_seq: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.seqs:
+            self.seqs = [{} for _ in self.images_per_seq]
+        if len(self.seqs) != len(self.images_per_seq):
+            raise ValueError(f"{len(self.seqs)} sequences of tensors but {len(self.images_per_seq)} counts")
+
+    @staticmethod
+    def none(n: int) -> VisionInputs:
+        """n sequences without images."""
+        return VisionInputs(images_per_seq=[0] * n)
 
     @property
     def empty(self) -> bool:
-        return self.pixel_values is None
+        return not any(self.seqs)
 
-    def _spans(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """Per sequence, its (start, end) rows in image_grid_thw and in pixel_values."""
-        patches = self.image_grid_thw.prod(dim=-1).tolist()  # (num_images,) patches per image
-        img_spans, pix_spans, img, pix = [], [], 0, 0
-        for k in self.images_per_seq:
-            n_pix = int(sum(patches[img : img + k]))
-            img_spans.append((img, img + k))
-            pix_spans.append((pix, pix + n_pix))
-            img, pix = img + k, pix + n_pix
-        return img_spans, pix_spans
+    def keys(self) -> list[str]:
+        """The processor keys present, in order of first appearance."""
+        return list(dict.fromkeys(k for s in self.seqs for k in s))
+
+    def stacked(self, key: str) -> Tensor | None:
+        """The rows of ``key`` of every sequence, concatenated in sequence order (None if absent)."""
+        parts = [s[key] for s in self.seqs if key in s]
+        return torch.cat(parts) if parts else None
+
+    @property
+    def pixel_values(self) -> Tensor | None:
+        return self.stacked("pixel_values")
+
+    @property
+    def image_grid_thw(self) -> Tensor | None:
+        return self.stacked("image_grid_thw")
 
     def select(self, rows: list[int]) -> VisionInputs:
         """The vision inputs of sequences ``rows`` (repeats allowed: the G copies of a prompt share one)."""
-        if self.empty:
-            return VisionInputs(images_per_seq=[0] * len(rows))
-        img_spans, pix_spans = self._spans()
-        pix = [self.pixel_values[slice(*pix_spans[r])] for r in rows]
-        grid = [self.image_grid_thw[slice(*img_spans[r])] for r in rows]
-        return VisionInputs(torch.cat(pix), torch.cat(grid), [self.images_per_seq[r] for r in rows])
+        return VisionInputs([self.seqs[r] for r in rows], [self.images_per_seq[r] for r in rows])
 
     @staticmethod
     def concat_rows(parts: list[VisionInputs]) -> VisionInputs:
         """One VisionInputs whose sequences are those of ``parts``, in order (the rows of each part)."""
-        filled = [p for p in parts if not p.empty]
-        per_seq = [k for p in parts for k in p.images_per_seq]
-        if not filled:
-            return VisionInputs(images_per_seq=per_seq)
-        return VisionInputs(
-            torch.cat([p.pixel_values for p in filled]),
-            torch.cat([p.image_grid_thw for p in filled]),
-            per_seq,
-        )
+        return VisionInputs([s for p in parts for s in p.seqs], [k for p in parts for k in p.images_per_seq])
+
+    @staticmethod
+    def _merge(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """One sequence's tensors from several pieces of it, in order."""
+        keys = list(dict.fromkeys(k for d in dicts for k in d))
+        return {k: torch.cat([d[k] for d in dicts if k in d]) for k in keys}
 
     @staticmethod
     def one_sequence(chunks: list[VisionInputs]) -> VisionInputs:
         """The images of ``chunks`` (e.g. one per env turn of an episode) as a single sequence's."""
-        if not chunks:
-            return VisionInputs(images_per_seq=[0])
-        joined = VisionInputs.concat_rows(chunks)
-        return VisionInputs(joined.pixel_values, joined.image_grid_thw, [sum(joined.images_per_seq)])
+        seqs = [s for c in chunks for s in c.seqs]
+        return VisionInputs([VisionInputs._merge(seqs)], [sum(k for c in chunks for k in c.images_per_seq)])
 
     @staticmethod
     def join(first: VisionInputs, then: VisionInputs) -> VisionInputs:
         """Per sequence, the images of ``first`` followed by those of ``then`` (same number of sequences)."""
         if then.empty:
             return first
-        if first.empty:
-            return VisionInputs(then.pixel_values, then.image_grid_thw, list(then.images_per_seq))
-        pieces = [
-            part.select([r])
-            for r in range(len(first.images_per_seq))
-            for part in (first, then)
-            if part.images_per_seq[r]
-        ]
-        joined = VisionInputs.concat_rows(pieces)
+        seqs = [VisionInputs._merge([a, b]) for a, b in zip(first.seqs, then.seqs, strict=True)]
         counts = [a + b for a, b in zip(first.images_per_seq, then.images_per_seq, strict=True)]
-        return VisionInputs(joined.pixel_values, joined.image_grid_thw, counts)
+        return VisionInputs(seqs, counts)
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> VisionInputs:
-        if self.empty:
-            return self
-        return VisionInputs(
-            self.pixel_values.to(device=device, dtype=dtype or self.pixel_values.dtype),
-            self.image_grid_thw.to(device),
-            list(self.images_per_seq),
-        )
+        """On ``device``; floating-point tensors (pixels) cast to ``dtype``, integer ones (grids) kept."""
+
+        def move(t: Tensor) -> Tensor:
+            return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+
+        return VisionInputs([{k: move(v) for k, v in s.items()} for s in self.seqs], list(self.images_per_seq))
 
 
 @dataclass

@@ -17,6 +17,7 @@ causal LM (whose "processor" is its tokenizer).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,12 @@ import torch
 from torch import Tensor
 
 from mmgrpo import engine
-from mmgrpo.adapters import adapter_for
+from mmgrpo.adapters import adapter_for, unwrap
 from mmgrpo.batch import TokenBatch, VisionInputs
 from mmgrpo.engine import sample_tokens  # noqa: F401  (public here since the foundation)
 from mmgrpo.errors import ConfigError, DataError
 from mmgrpo.losses import token_logprobs
+from mmgrpo.model_io import PRECISION, LoraSpec, disable_dropout, is_lora, load_model, save_model, stop_ids_of
 
 
 class Policy:
@@ -39,18 +41,56 @@ class Policy:
     text-only causal LM. ``model`` is the trainable module; ``reference`` a frozen copy (or None).
     """
 
-    def __init__(self, model, processor, *, device: str | torch.device = "cpu"):
+    def __init__(
+        self, model, processor, *, device: str | torch.device = "cpu", precision: str = "fp32"
+    ) -> None:
         self.model = model
         self.processor = processor
         self.device = torch.device(device)
+        self.precision = precision
+        """fp32, or bf16 / fp16: every forward runs under autocast to that dtype (weights stay as stored)."""
         self.reference = None
+        self.reference_is_base = False
+        """True with LoRA: the reference is this model with its adapter disabled, not a copy."""
+        disable_dropout(model)
         tok = self.tokenizer
-        self.eos_token_id = tok.eos_token_id
-        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.adapter = adapter_for(model)
+        self.end_of_turn_id = self._end_of_turn_id()
+        """The token the chat template closes an assistant turn with (appended to supervised targets)."""
+        self.eos_token_id = self.end_of_turn_id
+        self.stop_ids = stop_ids_of(unwrap(model), tok, self.end_of_turn_id)
+        """Every id that ends an episode (generation_config's eos ids, the tokenizer's, the turn end)."""
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.image_token_id = self.adapter.image_token_id
         self.video_token_id = self.adapter.video_token_id
         self.suppress_ids = self.adapter.suppress_ids
+
+    def autocast(self):
+        """The autocast context of every forward (a no-op in fp32)."""
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _end_of_turn_id(self) -> int | None:
+        """The first special token the template writes after an assistant message's text."""
+        tok = self.tokenizer
+        try:
+            text = self.render(
+                [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": "MARK"}]}],
+                add_generation_prompt=False,
+            )
+        except Exception:  # no chat template: plain LMs end at eos
+            return tok.eos_token_id
+        tail = text[text.rfind("MARK") + 4 :]
+        special = set(tok.all_special_ids) | {
+            i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if getattr(t, "special", False)
+        }
+        for i in tok(tail, add_special_tokens=False)["input_ids"]:
+            if i in special:
+                return int(i)
+        return tok.eos_token_id
 
     # ----------------------------------------------------------------------------------------- loading
     @classmethod
@@ -64,43 +104,47 @@ class Policy:
         max_pixels: int | None = None,
         gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
+        lora: LoraSpec | None = None,
     ) -> Policy:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
-        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        """Load a checkpoint folder, a hub id, or a saved LoRA adapter folder (see mmgrpo.model_io for
+        what ``dtype`` means: trained weights stay fp32 and bf16/fp16 is the compute precision)."""
         if _looks_like_missing_folder(path):
             raise ConfigError(
                 f"model path '{path}' does not exist. Build the embedded model with `mmgrpo tiny-model "
                 f"{path}`, or give an existing checkpoint folder or a hub id such as Qwen/Qwen2.5-VL-3B-Instruct."
             )
-        if Path(path).exists() and not (Path(path) / "config.json").is_file():
+        p = Path(path)
+        if p.exists() and not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
             raise ConfigError(
                 f"model.path '{path}' is a folder without config.json: it is not a saved model. "
                 "Build the embedded one with `mmgrpo tiny-model PATH` or give a hub id / checkpoint folder."
             )
-        kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-        if min_pixels is not None:
-            kw["min_pixels"] = min_pixels
-        if max_pixels is not None:
-            kw["max_pixels"] = max_pixels
-        processor = AutoProcessor.from_pretrained(path, **kw)
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-        auto = (
-            AutoModelForImageTextToText
-            if config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-            else AutoModelForCausalLM
+        pk = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        model, processor = load_model(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, lora=lora, processor_kwargs=pk
         )
-        model = auto.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            model.config.use_cache = False
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if is_lora(model):
+                model.enable_input_require_grads()  # the frozen embeddings must still carry a graph
         model.to(device)
-        return cls(model, processor, device=device)
+        return cls(model, processor, device=device, precision=PRECISION[dtype])
+
+    @property
+    def lora(self) -> bool:
+        return is_lora(unwrap(self.model))
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None or self.reference_is_base
 
     def make_reference(self) -> None:
-        """Keep a frozen copy of the current weights as the KL reference."""
-        ref = copy.deepcopy(self.model)
+        """The KL reference: with LoRA, this model with its adapter disabled (no copy); otherwise a frozen
+        copy of the current weights."""
+        if self.lora:
+            self.reference_is_base = True
+            return
+        ref = copy.deepcopy(unwrap(self.model))
         ref.requires_grad_(False)
         ref.eval()
         self.reference = ref
@@ -115,6 +159,18 @@ class Policy:
     def language_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters outside the vision encoder (and its projector), e.g. to train the text side only."""
         return [p for n, p in self.model.named_parameters() if not self.adapter.is_vision_param(n)]
+
+    def param_groups(self, lr: float, vision_lr: float | None = None) -> list[dict]:
+        """Optimizer groups of the trainable parameters: the language side at ``lr``, the vision tower and
+        projector at ``vision_lr`` (None: the same lr)."""
+        lang, vis = [], []
+        for n, p in self.model.named_parameters():
+            if p.requires_grad:
+                (vis if self.adapter.is_vision_param(n) else lang).append(p)
+        groups = [{"params": lang, "lr": lr, "name": "language"}]
+        if vis:
+            groups.append({"params": vis, "lr": lr if vision_lr is None else vision_lr, "name": "vision"})
+        return [g for g in groups if g["params"]]
 
     @property
     def tokenizer(self):
@@ -141,23 +197,43 @@ class Policy:
         ]
         return self.tokenizer.apply_chat_template(flat, **kw)
 
-    def _tokenize(self, texts: list[str], images: list[list]) -> tuple[Tensor, Tensor, VisionInputs]:
-        """Tokenize texts (left-padded) with their images expanded into placeholder tokens."""
-        if any(images) and not self.is_vision:
+    def _tokenize(
+        self, texts: list[str], images: list[list], videos: list[list] | None = None
+    ) -> tuple[Tensor, Tensor, VisionInputs]:
+        """Tokenize texts (left-padded) with their images (and videos) expanded into placeholder tokens.
+
+        Each text with images goes through the processor on its own, so that its vision tensors are its
+        own whatever layout the family uses (see mmgrpo.adapters); text-only batches are tokenized at once.
+        """
+        videos = videos or [[] for _ in texts]
+        if (any(images) or any(videos)) and not self.is_vision:
             raise DataError(
                 "the environment sent images but the model is text-only: use an image-text-to-text model "
                 "(e.g. the tiny Qwen2.5-VL from `mmgrpo tiny-model`) or an environment without images."
             )
         tok = self.tokenizer
         tok.padding_side = "left"
-        if any(images):
-            flat = [im for ims in images for im in ims]
-            enc = self.processor(text=texts, images=flat, return_tensors="pt", padding=True)
-            vision = VisionInputs(enc["pixel_values"], enc["image_grid_thw"], [len(ims) for ims in images])
-        else:
+        if not any(images) and not any(videos):
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            vision = VisionInputs(images_per_seq=[0] * len(texts))
-        return enc["input_ids"], enc["attention_mask"], vision
+            return enc["input_ids"], enc["attention_mask"], VisionInputs.none(len(texts))
+        rows, seqs = [], []
+        for text, ims, vids in zip(texts, images, videos, strict=True):
+            kw: dict[str, Any] = {"text": [text], "return_tensors": "pt", "add_special_tokens": False}
+            if ims:
+                kw["images"] = ims
+            if vids:
+                kw["videos"] = vids
+            enc = self.processor(**kw) if (ims or vids) else tok([text], return_tensors="pt", add_special_tokens=False)
+            rows.append(enc["input_ids"][0])
+            seqs.append(self.adapter.vision_of(enc) if (ims or vids) else {})
+        L = max(len(r) for r in rows)
+        ids = torch.full((len(rows), L), self.pad_token_id, dtype=torch.long)  # (B, L) left-padded
+        mask = torch.zeros((len(rows), L), dtype=torch.long)  # (B, L)
+        for i, r in enumerate(rows):
+            ids[i, L - len(r) :] = r
+            mask[i, L - len(r) :] = 1
+        counts = [len(a) + len(b) for a, b in zip(images, videos, strict=True)]
+        return ids, mask, VisionInputs(seqs, counts)
 
     def encode_prompts(
         self, conversations: list[list[dict]], tools: list[list[dict] | None] | None = None
@@ -165,7 +241,9 @@ class Policy:
         """Template and tokenize prompts: ids (B, P) left-padded, mask (B, P), their vision inputs."""
         tools = tools or [None] * len(conversations)
         texts = [self.render(msgs, tools=t) for msgs, t in zip(conversations, tools, strict=True)]
-        return self._tokenize(texts, [_images_of(msgs) for msgs in conversations])
+        return self._tokenize(
+            texts, [_images_of(m) for m in conversations], [_images_of(m, "video") for m in conversations]
+        )
 
     def encode_continuation(
         self, history: list[dict], new: list[dict], tools: list[dict] | None = None
@@ -192,10 +270,13 @@ class Policy:
                 "template that renders past turns unchanged (no date, no 'last turn only' logic): set "
                 "chat_template in the checkpoint's tokenizer_config.json or processor config."
             )
-        eos = self.tokenizer.eos_token or ""
-        # the sampled turn ends at the end-of-turn token; the template may add text after it (Qwen: "\n")
-        tail = before[before.rfind(eos) + len(eos) :] if eos and eos in before else ""
-        ids, _, vision = self._tokenize([tail + after[len(before) :]], [_images_of(new)])
+        # the sampled turn ends at a stop token; the template may add text after it (Qwen: "\n")
+        ends = [s for s in self.tokenizer.convert_ids_to_tokens(self.stop_ids) if s and s in before]
+        cut = max((before.rfind(s) + len(s) for s in ends), default=len(before))
+        tail = before[cut:]
+        ids, _, vision = self._tokenize(
+            [tail + after[len(before) :]], [_images_of(new)], [_images_of(new, "video")]
+        )
         return ids[0].tolist(), vision
 
     @property
@@ -226,66 +307,70 @@ class Policy:
         top_p: float = 1.0,
         top_k: int = 0,
         num_samples: int = 1,
-        use_hf_generate: bool | None = None,
-    ) -> tuple[list[list[int]], list[bool]]:
+        use_hf_generate: bool = False,
+        return_logprobs: bool = False,
+    ):
         """Sample ``num_samples`` continuations of each prompt (temperature 0 = greedy).
 
         prompt_ids, prompt_mask (B, P) and ``vision`` (one entry per prompt). Returns B * num_samples
         rows, prompt b's samples at rows b*G .. b*G+G-1: the generated ids up to and including the first
-        end-of-turn token, and whether that token was produced (False: the episode hit max_new_tokens,
-        i.e. it is truncated). Each prompt and its images are encoded once and our decode loop runs on the
-        KV cache repeated G times; with G = 1 Hugging Face ``generate`` runs unless ``use_hf_generate`` is
-        False.
+        stop token, and whether that token was produced (False: the episode hit max_new_tokens, i.e. it is
+        truncated); with ``return_logprobs`` also each sampled token's log-prob. Training and evaluation
+        sample through the same loop (mmgrpo.engine.generate: each prompt encoded once, the KV cache
+        repeated G times); ``use_hf_generate`` runs Hugging Face ``generate`` instead, for comparison only.
         """
         model = self.model
         was_training = model.training
         model.eval()
         try:
-            if num_samples > 1 or use_hf_generate is False:
-                new_ids = engine.generate(
-                    model,
-                    self.adapter,
-                    prompt_ids,
-                    prompt_mask,
-                    vision,
-                    G=num_samples,
+            with self.autocast():
+                if not use_hf_generate:
+                    new_ids, logps = engine.generate(
+                        model,
+                        self.adapter,
+                        prompt_ids,
+                        prompt_mask,
+                        vision,
+                        G=num_samples,
+                        max_new_tokens=max_new_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=top_k,
+                        stop_ids=self.stop_ids,
+                        pad_token_id=self.pad_token_id,
+                        device=self.device,
+                    )
+                    completions, finished = self._cut_at_stop(new_ids.tolist())
+                    if return_logprobs:
+                        lps = [row[: len(c)] for row, c in zip(logps.tolist(), completions, strict=True)]
+                        return completions, finished, lps
+                    return completions, finished
+                greedy = temperature <= 0
+                gen_kw: dict[str, Any] = dict(
                     max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=top_k,
-                    eos_token_id=self.eos_token_id,
+                    do_sample=not greedy,
+                    eos_token_id=self.stop_ids,
                     pad_token_id=self.pad_token_id,
-                    device=self.device,
+                    suppress_tokens=self.suppress_ids or None,
+                    num_return_sequences=num_samples,
                 )
-                return self._cut_at_eos(new_ids.tolist())
-            greedy = temperature <= 0
-            gen_kw: dict[str, Any] = dict(
-                max_new_tokens=max_new_tokens,
-                do_sample=not greedy,
-                eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id,
-                suppress_tokens=self.suppress_ids or None,
-            )
-            if not greedy:
-                gen_kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
-            else:
-                gen_kw.update(temperature=None, top_p=None, top_k=None)
-            out = model.generate(**self._model_inputs(prompt_ids, prompt_mask, vision, model), **gen_kw)
-            return self._cut_at_eos(out[:, prompt_ids.shape[1] :].tolist())  # (N, <= max_new_tokens)
+                if not greedy:
+                    gen_kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
+                else:
+                    gen_kw.update(temperature=None, top_p=None, top_k=None)
+                out = model.generate(**self._model_inputs(prompt_ids, prompt_mask, vision, model), **gen_kw)
+                return self._cut_at_stop(out[:, prompt_ids.shape[1] :].tolist())  # (N, <= max_new_tokens)
         finally:
             model.train(was_training)
 
-    def _cut_at_eos(self, new: list[list[int]]) -> tuple[list[list[int]], list[bool]]:
-        """Each row up to and including its first end-of-turn token, and whether it had one."""
+    def _cut_at_stop(self, new: list[list[int]]) -> tuple[list[list[int]], list[bool]]:
+        """Each row up to and including its first stop token, and whether it had one."""
+        stops = set(self.stop_ids)
         completions, finished = [], []
         for row in new:
-            if self.eos_token_id in row:
-                cut = row.index(self.eos_token_id) + 1
-                completions.append(row[:cut])
-                finished.append(True)
-            else:
-                completions.append(row)
-                finished.append(False)
+            cut = next((i + 1 for i, t in enumerate(row) if t in stops), None)
+            completions.append(row if cut is None else row[:cut])
+            finished.append(cut is not None)
         return completions, finished
 
     # --------------------------------------------------------------------------------------- log-probs
@@ -305,11 +390,15 @@ class Policy:
         repeated for the G responses: the same numbers and gradients, a fraction of the compute. Responses
         that hold images (tool results) take one full forward per row (see mmgrpo.engine).
         """
-        model = self.reference if reference else self.model
+        model = self.model if (not reference or self.reference_is_base) else self.reference
         if model is None:
             raise RuntimeError("no reference model: call make_reference() (only needed when beta > 0)")
-        G = batch.shared_prompt_runs() if share_prompt and not batch.has_response_images else 1
-        with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
+        # the shared prefill needs a KV cache, which gradient checkpointing turns off in training passes
+        checkpointing = _checkpointing(unwrap(model)) and model.training
+        share = share_prompt and not batch.has_response_images and not checkpointing
+        G = batch.shared_prompt_runs() if share else 1
+        base_only = unwrap(model).disable_adapter() if reference and self.reference_is_base else contextlib.nullcontext()
+        with torch.set_grad_enabled(not reference and torch.is_grad_enabled()), base_only, self.autocast():
             if G > 1:
                 logits = engine.response_logits_shared(
                     model, self.adapter, batch, G, self.device
@@ -319,11 +408,17 @@ class Policy:
             return token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
 
     # ------------------------------------------------------------------------------------------ saving
-    def save(self, out_dir: str | Path) -> None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        self.processor.save_pretrained(out)
+    def save(self, out_dir: str | Path, *, merged: bool = False) -> None:
+        """Save the model and processor (a LoRA model: its adapter, or the merged model with ``merged``)."""
+        save_model(unwrap(self.model), self.processor, out_dir, merged=merged)
+
+
+def _checkpointing(model) -> bool:
+    """Whether activation checkpointing is on (the attribute was renamed in transformers 5)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or hasattr(model, name):
+            return bool(getattr(model, name))
+    return False
 
 
 def _looks_like_missing_folder(path: str | Path) -> bool:
@@ -345,11 +440,12 @@ def _text_of(content: list[dict] | str) -> str:
     return "".join(p.get("text", "") for p in content if p.get("type") == "text")
 
 
-def _images_of(messages: list[dict]) -> list:
+def _images_of(messages: list[dict], kind: str = "image") -> list:
+    """The images (or, with kind="video", the videos) of ``messages``' content parts, in order."""
     return [
-        p["image"]
+        p[kind]
         for m in messages
         if not isinstance(m["content"], str)
         for p in m["content"]
-        if p.get("type") == "image"
+        if p.get("type") == kind
     ]

@@ -127,7 +127,7 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         g, policy = self.cfg.grpo, self.policy
-        if g.beta > 0 and policy.reference is None:
+        if g.beta > 0 and not policy.has_reference:
             policy.make_reference()  # the policy as GRPO starts (after any warm start) is the KL anchor
         t0 = time.perf_counter()
         batch = rollout(

@@ -95,8 +95,8 @@ def _vision(enc):
     from mmgrpo.batch import VisionInputs
 
     if "pixel_values" not in enc:
-        return VisionInputs(images_per_seq=[0])
-    return VisionInputs(enc["pixel_values"], enc["image_grid_thw"], [len(enc["image_grid_thw"])])
+        return VisionInputs.none(1)
+    return VisionInputs([{k: enc[k] for k in ("pixel_values", "image_grid_thw")}], [len(enc["image_grid_thw"])])
 
 
 @pytest.mark.parametrize("with_image", [True, False])

@@ -1,0 +1,177 @@
+"""Model I/O: loading a checkpoint (path or hub id) at the right precision, LoRA, dropout, stop ids, saving.
+
+Precision (``model.dtype``), as TRL and verl do it:
+
+- ``float32``: weights and compute in fp32.
+- ``bfloat16``: the trained weights stay in fp32 (the master copy the optimizer updates: a bf16 weight
+  cannot take an update smaller than 1/256 of itself, so at lr 1e-6 most would never move), the forward
+  runs under bf16 autocast (accelerate's mixed precision). Frozen weights (the LoRA base) are stored in
+  bf16.
+- ``float16``: the same with fp16 autocast and accelerate's loss scaler; GPU only (on the CPU accelerate
+  has no loss scaler and unscaled fp16 gradients underflow, so it is refused at start-up).
+
+Dropout is switched off at load (TRL does the same): with dropout on, the training pass and the
+reference / sampling pass see different networks, so the KL and the importance ratio are off.
+
+LoRA (``model.lora``) goes through peft: adapters on the language model's linear layers only, the KL
+reference is the same model with the adapter disabled (no second copy), and the final save holds the
+adapter (``save: adapter``) or the merged model (``save: merged``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmgrpo.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+"""model.dtype -> the mixed-precision mode (accelerate's names)."""
+
+
+@dataclass
+class LoraSpec:
+    """What ``model.lora`` asks for (see mmgrpo.config.LoraConfig for the documented keys)."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    save: str = "adapter"
+
+
+def check_precision(dtype: str, device: str) -> None:
+    """Refuse what cannot train: fp16 on the CPU."""
+    if dtype == "float16" and device == "cpu":
+        raise ConfigError(
+            "model.dtype=float16 on the CPU: accelerate has no loss scaler there and fp16 gradients underflow "
+            "to zero or overflow to inf without one. Use model.dtype=bfloat16 (fp32 master weights, bf16 "
+            "compute; no scaler needed) or float32, or train on a GPU."
+        )
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability of ``model`` to 0 (nn.Dropout modules and the float ``*dropout*``
+    attributes attention modules read at forward time). Returns how many were changed."""
+    changed = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            changed += m.p != 0
+            m.p = 0.0
+        for name, value in list(vars(m).items()):
+            if "dropout" in name and isinstance(value, float) and value != 0.0:
+                setattr(m, name, 0.0)
+                changed += 1
+    return changed
+
+
+def stop_ids_of(model, tokenizer, end_of_turn_id: int | None) -> list[int]:
+    """Token ids that end an episode: generation_config.eos_token_id (Qwen: <|im_end|> and <|endoftext|>;
+    Gemma 3: <eos> and <end_of_turn>; Llama 3: <|eot_id|> and <|end_of_text|>), the tokenizer's eos, and
+    the token the chat template closes an assistant turn with."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    ids += [tokenizer.eos_token_id, end_of_turn_id]
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def _adapter_base(path: Path) -> str | None:
+    cfg = path / "adapter_config.json"
+    if not cfg.is_file():
+        return None
+    return json.loads(cfg.read_text()).get("base_model_name_or_path")
+
+
+def load_model(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    lora: LoraSpec | None = None,
+    processor_kwargs: dict[str, Any] | None = None,
+):
+    """The model and processor of ``path`` (a folder or hub id; a saved LoRA adapter folder loads its base
+    and the adapter, trainable). Trained weights in fp32 (see the module docstring)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    adapter_base = _adapter_base(Path(path)) if Path(path).is_dir() else None
+    base = adapter_base or path
+    stored = DTYPES[dtype] if (lora is not None or adapter_base) else torch.float32
+    config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
+    auto = (
+        AutoModelForImageTextToText
+        if config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+        else AutoModelForCausalLM
+    )
+    processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **(processor_kwargs or {}))
+    model = auto.from_pretrained(base, dtype=stored, trust_remote_code=trust_remote_code)
+    disable_dropout(model)
+    if adapter_base:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    elif lora is not None:
+        model = apply_lora(model, lora)
+    return model, processor
+
+
+def lora_targets(model, names: list[str], is_vision) -> list[str]:
+    """Full names of the language model's linear layers whose last name part is in ``names`` (the vision
+    tower, the projector and the output head are left out)."""
+    out = []
+    for full, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and full.rsplit(".", 1)[-1] in names and not is_vision(full):
+            if not full.endswith("lm_head"):
+                out.append(full)
+    return out
+
+
+def apply_lora(model, spec: LoraSpec):
+    """Wrap ``model`` in peft LoRA adapters (fp32 adapter weights, base frozen)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:  # pragma: no cover - peft is in the test extra
+        raise ConfigError("model.lora needs peft: pip install 'mmgrpo[lora]' (or pip install peft)") from e
+    from mmgrpo.adapters import adapter_for
+
+    adapter = adapter_for(model)
+    targets = lora_targets(model, spec.target_modules, adapter.is_vision_param)
+    if not targets:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ConfigError(
+            f"model.lora.target_modules={spec.target_modules} matches no linear layer of the language model; "
+            f"its linear layers are named {names}"
+        )
+    cfg = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets)
+    peft_model = get_peft_model(model, cfg)
+    for p in peft_model.parameters():  # adapters train in fp32 whatever the base is stored in
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    return peft_model
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def save_model(model, processor, out_dir: str | Path, *, merged: bool = False) -> Path:
+    """Save ``model`` (a LoRA model: its adapter, or with ``merged`` a merged plain copy) and processor."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if is_lora(model) and merged:
+        copy.deepcopy(model).merge_and_unload().save_pretrained(out)
+    else:
+        model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
