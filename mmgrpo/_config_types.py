@@ -196,6 +196,7 @@ def reference_table(cls: type, markdown: bool = False) -> str:
             if dataclasses.is_dataclass(hint):
                 walk(hint, key + ".")  # type: ignore[arg-type]
                 continue
+            section = next((a for a in _union_args(hint) or () if dataclasses.is_dataclass(a)), None)
             if f.default is not dataclasses.MISSING:
                 default = json.dumps(f.default)
             elif f.default_factory is not dataclasses.MISSING:
@@ -203,6 +204,8 @@ def reference_table(cls: type, markdown: bool = False) -> str:
             else:
                 default = "(required)"
             rows.append((key, type_name(hint), default, docs[f.name]))
+            if section is not None:  # an optional section (e.g. model.lora): its keys when given
+                walk(section, key + ".")  # type: ignore[arg-type]
             if dataclasses.is_dataclass(item):
                 walk(item, key + "[].")  # type: ignore[arg-type]
 

@@ -80,7 +80,9 @@ class CausalLMAdapter:
         kw = {k: v.stacked(k) for k in v.keys()}
         for k in self.batched_keys:
             if k in kw:
-                kw[k] = kw[k].unsqueeze(0)  # (1, images, ...): the model matches images to placeholders in order
+                kw[k] = kw[k].unsqueeze(
+                    0
+                )  # (1, images, ...): the model matches images to placeholders in order
         return kw
 
     def token_type_kwargs(self, ids: Tensor) -> dict[str, Tensor]:
@@ -139,7 +141,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.image_token_id = _config_id(config, "image_token_id", "image_token_index")
         self.video_token_id = _config_id(config, "video_token_id")
         # placeholders the policy must never sample: a generated image token has no image behind it
-        self.suppress_ids = sorted({i for a in self.placeholder_attrs if (i := _config_id(config, a)) is not None})
+        self.suppress_ids = sorted(
+            {i for a in self.placeholder_attrs if (i := _config_id(config, a)) is not None}
+        )
 
 
 class QwenVLAdapter(VisionLanguageAdapter):
@@ -243,7 +247,9 @@ def adapter_for(model) -> CausalLMAdapter:
     model_type = getattr(config, "model_type", "")
     if model_type in FAMILIES:
         return FAMILIES[model_type](config)
-    if _config_id(config, "image_token_id", "image_token_index") is not None or hasattr(config, "vision_config"):
+    if _config_id(config, "image_token_id", "image_token_index") is not None or hasattr(
+        config, "vision_config"
+    ):
         raise ConfigError(
             f"model type '{model_type}' is a vision-language family mmgrpo has no adapter for yet; "
             f"supported: {', '.join(sorted(FAMILIES))} and text-only causal LMs. Add a subclass of "

@@ -100,9 +100,13 @@ class VisionInputs:
         """On ``device``; floating-point tensors (pixels) cast to ``dtype``, integer ones (grids) kept."""
 
         def move(t: Tensor) -> Tensor:
-            return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+            return t.to(
+                device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype
+            )
 
-        return VisionInputs([{k: move(v) for k, v in s.items()} for s in self.seqs], list(self.images_per_seq))
+        return VisionInputs(
+            [{k: move(v) for k, v in s.items()} for s in self.seqs], list(self.images_per_seq)
+        )
 
 
 @dataclass

@@ -34,6 +34,8 @@ __all__ = [
     "GRPOConfig",
     "WarmStartConfig",
     "EvalConfig",
+    "LoraConfig",
+    "LoggingConfig",
     "load_config",
     "config_from_dict",
     "config_to_dict",
@@ -44,12 +46,39 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class LoraConfig(Section):
+    r: int = 16
+    """Rank of the LoRA update matrices."""
+    alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input. Non-zero makes training passes differ from sampling passes (ratio != 1)."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Last name parts of the language model's linear layers to adapt (the vision tower, its projector and
+    the output head are never adapted)."""
+    save: Literal["adapter", "merged"] = "adapter"
+    """What the final save holds: the adapter alone (small; loads onto its base) or the merged model."""
+
+    def _validate(self) -> None:
+        self._require(self.r >= 1, "r", "must be >= 1")
+        self._require(self.alpha >= 1, "alpha", "must be >= 1")
+        self._require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
+        self._require(
+            bool(self.target_modules), "target_modules", "must name at least one layer, e.g. [q_proj, v_proj]"
+        )
+
+
+@dataclass(frozen=True)
 class ModelConfig(Section):
     path: str = ""
     """Local directory or Hugging Face hub id of the policy model. For an offline tiny model run
     `mmgrpo tiny-model runs/tiny-model` and set `model.path=runs/tiny-model`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype of the policy (and reference) model."""
+    """Compute precision. bfloat16 / float16 keep fp32 master weights for everything trained and run the
+    forward under autocast (accelerate's mixed precision); float16 adds a loss scaler and needs a GPU
+    (refused on the CPU). With LoRA the frozen base weights are stored in this dtype."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to run: auto picks cuda when available, else cpu."""
     min_pixels: int | None = None
@@ -64,8 +93,19 @@ class ModelConfig(Section):
     collapses the image features and the policy never learns to count."""
     trust_remote_code: bool = False
     """Allow the model repository to run its own Python code (only for models you trust)."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters (peft) instead of all weights, e.g. {r: 16, alpha: 32}; the KL reference is the
+    same model with the adapter disabled (no second copy). null = full fine-tuning."""
+    vision_lr: float | None = None
+    """Learning rate of the vision tower and projector (null = grpo.lr); a small value (e.g. lr / 10) lets
+    the encoder adapt without collapsing its features. Ignored when freeze_vision is on."""
 
-    _aliases: ClassVar[dict[str, str]] = {"model_name_or_path": "path", "torch_dtype": "dtype"}
+    _aliases: ClassVar[dict[str, str]] = {
+        "model_name_or_path": "path",
+        "torch_dtype": "dtype",
+        "peft": "lora",
+        "freeze_vision_tower": "freeze_vision",
+    }
 
     def _validate(self) -> None:
         for name in ("min_pixels", "max_pixels"):
@@ -74,6 +114,15 @@ class ModelConfig(Section):
             )
         if self.min_pixels is not None and self.max_pixels is not None:
             self._require(self.min_pixels <= self.max_pixels, "min_pixels", "must be <= max_pixels")
+        self._require(self.vision_lr is None or self.vision_lr >= 0, "vision_lr", "must be >= 0 or null")
+        if self.dtype == "float16" and self.device == "cpu":
+            self._require(
+                False,
+                "dtype",
+                "float16 needs a GPU",
+                "On the CPU accelerate has no loss scaler and fp16 gradients underflow or overflow; use "
+                "bfloat16 (fp32 master weights, bf16 compute) or float32",
+            )
 
 
 @dataclass(frozen=True)
@@ -296,6 +345,37 @@ class EvalConfig(Section):
 
 
 @dataclass(frozen=True)
+class LoggingConfig(Section):
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers, through accelerate's log_with: tensorboard, wandb, mlflow, comet_ml, aim,
+    clearml, dvclive (each needs its package). metrics.jsonl in output_dir is always written."""
+    project: str = "mmgrpo"
+    """Project / experiment name given to the trackers."""
+    samples_every: int = 0
+    """Every N steps, write some of the step's episodes (prompt, completion, rewards) to
+    output_dir/samples/step-N.jsonl; 0 = never."""
+    samples_per_step: int = 8
+    """How many episodes a samples file holds."""
+
+    def _validate(self) -> None:
+        known = (
+            "tensorboard",
+            "wandb",
+            "mlflow",
+            "comet_ml",
+            "aim",
+            "clearml",
+            "dvclive",
+            "swanlab",
+            "trackio",
+        )
+        for t in self.report_to:
+            self._require(t in known, "report_to", f"must list trackers among {', '.join(known)}")
+        self._require(self.samples_every >= 0, "samples_every", "must be >= 0")
+        self._require(self.samples_per_step >= 1, "samples_per_step", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class Config(Section):
     seed: int = 0
     """Seed of everything random: same config and seed on the CPU give the same run."""
@@ -313,6 +393,8 @@ class Config(Section):
     """Optional supervised format-only cold start before GRPO."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Trackers and saved samples."""
 
     _aliases: ClassVar[dict[str, str]] = {
         "environment": "env",

@@ -65,7 +65,7 @@ def sample_tokens(
 ) -> Tensor:
     """One token per row from logits (N, V): greedy when temperature <= 0, else softmax(logits / T)
     restricted to the top_k tokens and to the smallest set whose probability reaches top_p. Returns (N,)."""
-    logits = logits.float()  # (N, V)
+    logits = logits.float().clone()  # (N, V) never edit the caller's logits
     if suppress:
         logits[:, suppress] = float("-inf")
     if temperature <= 0:

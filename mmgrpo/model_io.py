@@ -114,7 +114,9 @@ def load_model(
         if config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
         else AutoModelForCausalLM
     )
-    processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **(processor_kwargs or {}))
+    processor = AutoProcessor.from_pretrained(
+        path, trust_remote_code=trust_remote_code, **(processor_kwargs or {})
+    )
     model = auto.from_pretrained(base, dtype=stored, trust_remote_code=trust_remote_code)
     disable_dropout(model)
     if adapter_base:
@@ -148,7 +150,9 @@ def apply_lora(model, spec: LoraSpec):
     adapter = adapter_for(model)
     targets = lora_targets(model, spec.target_modules, adapter.is_vision_param)
     if not targets:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        names = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
         raise ConfigError(
             f"model.lora.target_modules={spec.target_modules} matches no linear layer of the language model; "
             f"its linear layers are named {names}"

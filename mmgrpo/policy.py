@@ -33,6 +33,15 @@ from mmgrpo.errors import ConfigError, DataError
 from mmgrpo.losses import token_logprobs
 from mmgrpo.model_io import PRECISION, LoraSpec, disable_dropout, is_lora, load_model, save_model, stop_ids_of
 
+_PROCESSOR_PLACEHOLDERS = (
+    "image_token_id",
+    "video_token_id",
+    "fake_image_token_id",
+    "global_image_token_id",
+    "boi_token_id",
+    "eoi_token_id",
+)
+
 
 class Policy:
     """A Hugging Face (vision-)language model with its processor, plus an optional frozen reference.
@@ -63,6 +72,12 @@ class Policy:
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.image_token_id = self.adapter.image_token_id
         self.video_token_id = self.adapter.video_token_id
+        # placeholders never to sample: the config's, and those only the processor knows (Idefics3's
+        # <fake_token_around_image> and <global-img>, Gemma 3's <start_of_image>)
+        extra = [getattr(processor, a, None) for a in _PROCESSOR_PLACEHOLDERS] if self.is_vision else []
+        self.adapter.suppress_ids = sorted(
+            set(self.adapter.suppress_ids) | {i for i in extra if isinstance(i, int)}
+        )
         self.suppress_ids = self.adapter.suppress_ids
 
     def autocast(self):
@@ -77,8 +92,10 @@ class Policy:
         tok = self.tokenizer
         try:
             text = self.render(
-                [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                 {"role": "assistant", "content": [{"type": "text", "text": "MARK"}]}],
+                [
+                    {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "MARK"}]},
+                ],
                 add_generation_prompt=False,
             )
         except Exception:  # no chat template: plain LMs end at eos
@@ -220,10 +237,14 @@ class Policy:
         for text, ims, vids in zip(texts, images, videos, strict=True):
             kw: dict[str, Any] = {"text": [text], "return_tensors": "pt", "add_special_tokens": False}
             if ims:
-                kw["images"] = ims
+                kw["images"] = [ims]  # nested per text: every family's processor takes this form
             if vids:
-                kw["videos"] = vids
-            enc = self.processor(**kw) if (ims or vids) else tok([text], return_tensors="pt", add_special_tokens=False)
+                kw["videos"] = [vids]
+            enc = (
+                self.processor(**kw)
+                if (ims or vids)
+                else tok([text], return_tensors="pt", add_special_tokens=False)
+            )
             rows.append(enc["input_ids"][0])
             seqs.append(self.adapter.vision_of(enc) if (ims or vids) else {})
         L = max(len(r) for r in rows)
@@ -397,7 +418,11 @@ class Policy:
         checkpointing = _checkpointing(unwrap(model)) and model.training
         share = share_prompt and not batch.has_response_images and not checkpointing
         G = batch.shared_prompt_runs() if share else 1
-        base_only = unwrap(model).disable_adapter() if reference and self.reference_is_base else contextlib.nullcontext()
+        base_only = (
+            unwrap(model).disable_adapter()
+            if reference and self.reference_is_base
+            else contextlib.nullcontext()
+        )
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()), base_only, self.autocast():
             if G > 1:
                 logits = engine.response_logits_shared(

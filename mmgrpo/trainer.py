@@ -25,10 +25,11 @@ import torch
 
 from mmgrpo.advantages import group_advantages, group_stats
 from mmgrpo.batch import TokenBatch
-from mmgrpo.config import Config, save_config
+from mmgrpo.config import Config, config_to_dict, save_config
 from mmgrpo.env import ChatEnv
 from mmgrpo.errors import ConfigError
 from mmgrpo.losses import grpo_loss
+from mmgrpo.model_io import PRECISION, LoraSpec, check_precision
 from mmgrpo.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
 from mmgrpo.rollout import episode_metrics, rollout
@@ -60,24 +61,54 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def lora_spec(cfg: Config) -> LoraSpec | None:
+    lo = cfg.model.lora
+    if lo is None:
+        return None
+    return LoraSpec(
+        r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=list(lo.target_modules), save=lo.save
+    )
+
+
 def load_policy(cfg: Config, model_path: str | None = None) -> Policy:
     path = model_path or cfg.require_model()
+    device = resolve_device(cfg.model.device)
+    check_precision(cfg.model.dtype, device)
     return Policy.from_pretrained(
         path,
         dtype=cfg.model.dtype,
-        device=resolve_device(cfg.model.device),
+        device=device,
         min_pixels=cfg.model.min_pixels,
         max_pixels=cfg.model.max_pixels,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         trust_remote_code=cfg.model.trust_remote_code,
+        lora=lora_spec(cfg),
     )
+
+
+def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], project_dir: Path):
+    """An Accelerator with this run's precision and trackers. Accelerate keeps one state per process;
+    a single-process run that asks for a different precision than an earlier run of the same process
+    (tests, notebooks) resets it first."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+
+    kw = dict(
+        cpu=cpu, mixed_precision=mixed_precision, log_with=log_with or None, project_dir=str(project_dir)
+    )
+    try:
+        return Accelerator(**kw)
+    except ValueError:
+        if PartialState().num_processes > 1:
+            raise
+        AcceleratorState._reset_state(reset_partial_state=True)
+        return Accelerator(**kw)
 
 
 class Trainer:
     """Runs GRPO for ``cfg.grpo.steps`` steps on one process (Accelerate handles device placement)."""
 
     def __init__(self, cfg: Config, *, policy: Policy | None = None, progress: bool = True):
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
         from transformers import get_scheduler
 
@@ -95,9 +126,16 @@ class Trainer:
         if cfg.model.freeze_vision:
             self.policy.freeze_vision()
         device = str(self.policy.device)
-        self.accelerator = Accelerator(cpu=device == "cpu")
+        self.accelerator = make_accelerator(
+            cpu=device == "cpu",
+            mixed_precision=PRECISION[cfg.model.dtype].replace("fp32", "no"),
+            log_with=list(cfg.logging.report_to),
+            project_dir=self.out,
+        )
+        if cfg.logging.report_to:
+            self.accelerator.init_trackers(cfg.logging.project, config=_flat(config_to_dict(cfg)))
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.policy.model.parameters() if p.requires_grad],
+            self.policy.param_groups(g.lr, cfg.model.vision_lr),
             lr=g.lr,
             betas=tuple(g.betas),
             weight_decay=g.weight_decay,
@@ -119,6 +157,28 @@ class Trainer:
     def log(self, record: dict[str, Any]) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.cfg.logging.report_to and "step" in record:
+            nums = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+            self.accelerator.log(nums, step=int(record["step"]))
+
+    def save_samples(self, batch, scored, step: int) -> Path:
+        """Some of this step's episodes, as text with their rewards: output_dir/samples/step-N.jsonl."""
+        out = self.out / "samples" / f"step-{step}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        n = min(self.cfg.logging.samples_per_step, len(batch.trajectories))
+        with out.open("w") as f:
+            for i, (t, ep) in enumerate(zip(batch.trajectories[:n], batch.episodes[:n], strict=True)):
+                row = {
+                    "step": step,
+                    "group": t.group,
+                    "prompt": _prompt_text(t.messages),
+                    "completion": ep.completion,
+                    "reward": float(scored.total[i]),
+                    **{f"reward/{k}": float(v[i]) for k, v in scored.per_verifier.items()},
+                    "truncated": t.truncated,
+                }
+                f.write(json.dumps(row) + "\n")
+        return out
 
     # --------------------------------------------------------------------------------------- one step
     def task_seeds(self, step: int) -> list[int]:
@@ -227,6 +287,9 @@ class Trainer:
             "step_time": time.perf_counter() - t0,
         }
         self.step += 1
+        every = self.cfg.logging.samples_every
+        if every and self.step % every == 0:
+            self.save_samples(batch, scored, self.step)
         return record
 
     # -------------------------------------------------------------------------------------------- loop
@@ -259,6 +322,8 @@ class Trainer:
             )
         bar.close()
         self.save(self.out / "final")
+        if self.cfg.logging.report_to:
+            self.accelerator.end_training()
         return record
 
     def evaluate(self, episodes: int | None = None):
@@ -298,8 +363,35 @@ class Trainer:
         )
 
     def save(self, out_dir: Path) -> None:
+        """The model (a LoRA run: the adapter, or the merged model with model.lora.save=merged), its
+        processor and the resolved config."""
+        from mmgrpo.model_io import save_model
+
         model = self.accelerator.unwrap_model(self.policy.model)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir)
-        self.policy.processor.save_pretrained(out_dir)
+        lo = self.cfg.model.lora
+        save_model(model, self.policy.processor, out_dir, merged=lo is not None and lo.save == "merged")
         save_config(self.cfg, out_dir / "mmgrpo_config.yaml")
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as flat dotted keys with scalar values (what trackers take as hyperparameters)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v if isinstance(v, (int, float, str, bool)) else json.dumps(v)
+    return out
+
+
+def _prompt_text(messages: list[dict]) -> str:
+    """The text of the messages before the first assistant turn (images as <image>)."""
+    parts = []
+    for m in messages:
+        if m["role"] == "assistant":
+            break
+        c = m["content"]
+        text = c if isinstance(c, str) else "".join(p.get("text", "<image>") for p in c)
+        parts.append(f"{m['role']}: {text}")
+    return "\n".join(parts)

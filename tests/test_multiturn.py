@@ -96,7 +96,9 @@ def _vision(enc):
 
     if "pixel_values" not in enc:
         return VisionInputs.none(1)
-    return VisionInputs([{k: enc[k] for k in ("pixel_values", "image_grid_thw")}], [len(enc["image_grid_thw"])])
+    return VisionInputs(
+        [{k: enc[k] for k in ("pixel_values", "image_grid_thw")}], [len(enc["image_grid_thw"])]
+    )
 
 
 @pytest.mark.parametrize("with_image", [True, False])

@@ -57,7 +57,14 @@ def sample_episodes() -> list[Episode]:
         Episode(
             completion=t,
             messages=[*prompt, {"role": "assistant", "content": [{"type": "text", "text": t}]}],
-            task={"answer": "3"},
+            # grounding verifiers read boxes and the image sizes, the others the answer
+            task={
+                "answer": "3",
+                "box": [0, 0, 10, 10],
+                "boxes": [[0, 0, 10, 10]],
+                "image_size": [20, 20],
+                "model_image_size": [28, 28],
+            },
         )
         for t in texts
     ]
@@ -96,7 +103,8 @@ def test_unknown_name_lists_names_and_suggests():
         registry.make_verifier("numbr_match")
     message = str(info.value)
     assert "Did you mean 'number_match'?" in message
-    assert "exact_match, format, number_distance, number_match" in message  # sorted list of what exists
+    listed = message.split("Registered verifiers: ")[1].split(". ")[0].split(", ")
+    assert listed == sorted(listed) and {"exact_match", "format", "number_match"} <= set(listed)
     with pytest.raises(RegistryError, match="Unknown env 'nope'"):
         registry.make_env("nope")
 
