@@ -50,14 +50,26 @@ def prefill(
     if pos is not None:
         kw["position_ids"] = pos.to(device)
     out = model(**kw, logits_to_keep=1, use_cache=True)
-    first = out.logits[:, -1, :].repeat_interleave(G, dim=0)  # (N, V)
     cache = out["cache"] if "cache" in out else out.past_key_values  # renamed in transformers 5.x
-    if G > 1:
-        cache.batch_repeat_interleave(G)  # (B, ...) -> (N, ...), differentiable
+    if G > 1 and not repeat_cache(cache, G):
+        # a cache without batch repetition (custom / remote-code caches): encode each prompt G times
+        rows = [b for b in range(ids.shape[0]) for _ in range(G)]
+        return prefill(model, adapter, ids[rows], mask[rows], vision.select(rows), 1, device)
+    first = out.logits[:, -1, :].repeat_interleave(G, dim=0)  # (N, V)
     delta = adapter.prefill_delta(model, vision)
     if delta is not None:
         delta = delta.to(device).repeat_interleave(G, dim=0)  # (N, 1)
     return first, cache, delta
+
+
+def repeat_cache(cache, G: int) -> bool:
+    """Repeat every row of ``cache`` G times in place ((B, ...) -> (B*G, ...), differentiable); False when
+    the cache class cannot."""
+    repeat = getattr(cache, "batch_repeat_interleave", None)
+    if repeat is None:
+        return False
+    repeat(G)
+    return True
 
 
 def sample_tokens(

@@ -424,3 +424,34 @@ def test_a_video_row_trains_through_the_tiny_qwen(tmp_path, tiny_policy):
         full = tiny_policy.logprobs(tok, share_prompt=False)
     m = tok.loss_mask.bool()
     torch.testing.assert_close(shared[m], full[m], atol=1e-5, rtol=0)
+
+
+def test_mmgrpo_train_reports_every_bad_row_before_loading_any_model(tmp_path, capsys):
+    """The trainer builds the env before the model: bad rows fail at once, all of them in one message,
+    even though the model path does not exist either."""
+    from mmgrpo.cli import main
+
+    picture(tmp_path / "imgs" / "ok.png")
+    (tmp_path / "imgs" / "corrupt.png").write_bytes(b"\x89PNG garbage")
+    data = write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"image": "imgs/ok.png", "question": "q1", "answer": "1"},
+            '{"image": "imgs/ok.png", "question": "q2"',
+            {"image": "imgs/missing.png", "question": "q3", "answer": "3"},
+            {"image": "imgs/corrupt.png", "question": "q4", "answer": "4"},
+        ],
+    )
+    config = tmp_path / "vqa.yaml"
+    config.write_text(
+        f"model: {{path: {tmp_path / 'no-model'}}}\n"
+        f"output_dir: {tmp_path / 'run'}\n"
+        f"env: {{name: vqa, kwargs: {{path: {data}}}}}\n"
+        "verifiers: [{name: exact_match}]\n"
+    )
+    code = main(["train", str(config), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0
+    for line in (2, 3, 4):
+        assert f"train.jsonl:{line}:" in err
+    assert "no-model" not in err  # the model was never looked for

@@ -280,3 +280,26 @@ def test_samples_and_tensorboard_logging(tiny_model_dir, tmp_path):
     assert "How many" in rows[0]["prompt"]
     events = list((tmp_path / "logs").rglob("events.out.tfevents.*"))
     assert events, "tensorboard wrote no event file"
+
+
+def test_a_cache_without_batch_repetition_falls_back_to_encoding_each_row(
+    tiny_policy, counting_tokens, monkeypatch
+):
+    """The shared-prompt paths need the cache's batch repetition; without it each prompt is encoded G times
+    and the numbers are the same."""
+    from mmgrpo import engine
+
+    with torch.no_grad():
+        want = tiny_policy.logprobs(counting_tokens)
+    ids, mask = counting_tokens.prompt_ids[::4], counting_tokens.prompt_mask[::4]
+    vision = counting_tokens.vision
+    greedy, _ = tiny_policy.generate(ids, mask, vision, max_new_tokens=5, temperature=0.0, num_samples=4)
+    calls = []
+    monkeypatch.setattr(engine, "repeat_cache", lambda cache, G: calls.append(G) or False)
+    with torch.no_grad():
+        got = tiny_policy.logprobs(counting_tokens)
+    again, _ = tiny_policy.generate(ids, mask, vision, max_new_tokens=5, temperature=0.0, num_samples=4)
+    assert calls, "the fallback was not exercised"
+    m = counting_tokens.loss_mask.bool()
+    torch.testing.assert_close(got[m], want[m], atol=1e-5, rtol=0)
+    assert again == greedy
