@@ -1,4 +1,4 @@
-"""The ``mmgrpo`` command: train, eval, probe, list, tiny-model, demo.
+"""The ``mmgrpo`` command: train, sft, eval, probe, list, tiny-model, demo.
 
 Uses only the public pieces (config, registry, Policy, Trainer, evaluate); every subcommand is a few
 lines over them so that a script can do the same.
@@ -83,6 +83,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(
         f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
         f"model saved to {trainer.out / 'final'}"
+    )
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    import shlex
+
+    from mmgrpo.config import load_config
+    from mmgrpo.sft import run_sft
+
+    cfg = load_config(args.config, args.set)
+    summary = run_sft(cfg, progress=not args.no_progress)
+    final = summary["final"]
+    dropped = f" ({summary['dropped']} over-long rows dropped)" if summary["dropped"] else ""
+    held = f", eval loss {summary['eval_loss']:.3f}" if "eval_loss" in summary else ""
+    print(
+        f"sft: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}"
+        f"{held}, saved to {final}{dropped}"
+    )
+    # GRPO from the SFT model, in its own run directory (its final save would replace this one's)
+    keep = [s for s in args.set if not s.startswith(("sft.", "model.path=", "output_dir="))]
+    sets = [*keep, f"model.path={final}", f"output_dir={Path(cfg.output_dir) / 'grpo'}"]
+    print(
+        "next: mmgrpo train "
+        + " ".join([shlex.quote(args.config), *(f"--set {shlex.quote(s)}" for s in sets)])
     )
     return 0
 
@@ -280,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("train", help="train with GRPO")
     with_config(sp)
     sp.set_defaults(fn=cmd_train)
+
+    sp = sub.add_parser("sft", help="supervised fine-tuning on (messages -> response) rows (sft.data)")
+    with_config(sp)
+    sp.set_defaults(fn=cmd_sft)
 
     sp = sub.add_parser("eval", help="accuracy on held-out episodes; writes eval.json next to the model")
     with_config(sp)

@@ -33,6 +33,7 @@ __all__ = [
     "VerifierConfig",
     "GRPOConfig",
     "WarmStartConfig",
+    "SFTConfig",
     "EvalConfig",
     "LoraConfig",
     "LoggingConfig",
@@ -320,6 +321,63 @@ class WarmStartConfig(Section):
 
 
 @dataclass(frozen=True)
+class SFTConfig(Section):
+    data: str = ""
+    """Training rows of `mmgrpo sft` (supervised cold start): a .jsonl / .json / .parquet file, a datasets
+    save_to_disk folder or a hub id ("name" or "name:split"). A row is {messages: [...]} whose last message
+    is the assistant target, {messages: [...], response: "..."}, or {question, response} with optional
+    image / images and system. Image paths are relative to the data file's folder (see mmgrpo.sft)."""
+    eval_data: str = ""
+    """Held-out rows in the same forms; their mean target-token loss goes to metrics.jsonl before and after
+    training (and every eval_every steps). Empty = none."""
+    steps: int = 0
+    """Optimizer steps; 0 = as many as ``epochs`` passes over the data take (steps wins when both are set)."""
+    epochs: float = 1.0
+    """Passes over the training rows when ``steps`` is 0 (may be fractional, e.g. 0.5)."""
+    lr: float = 1e-4
+    """AdamW learning rate (tiny models need about 1e-3; billion-parameter models about 1e-5)."""
+    batch_size: int = 8
+    """Rows per optimizer step; the loss is the mean negative log-likelihood over their response tokens."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward pass (gradient accumulation, same update); 0 = the whole batch at once."""
+    train_vision: bool = False
+    """Also train the vision encoder and projector (at model.vision_lr). Off by default, as in the warm start:
+    the language side learns the task and the encoder's features are kept. Ignored with model.freeze_vision."""
+    max_length: int | None = None
+    """Most tokens of one example (prompt with its image tokens, plus response); longer examples are
+    DROPPED, never truncated (a cut-off target would teach the model to stop mid-answer), and the count is
+    reported. null = no limit."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global L2 norm."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up from 0."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warm-up, towards 0 at the last step."""
+    log_every: int = 1
+    """Write a metrics.jsonl record (stage "sft") every this many steps (and at the last step)."""
+    eval_every: int = 0
+    """Also compute the eval_data loss every this many steps; 0 = only at the end."""
+    shuffle: bool = True
+    """Shuffle the rows every epoch (seeded by ``seed``); false = file order."""
+
+    _aliases: ClassVar[dict[str, str]] = {  # TRL's names, for 'did you mean' hints
+        "dataset": "data", "train_data": "data", "eval_dataset": "eval_data", "max_steps": "steps",
+        "num_train_epochs": "epochs", "learning_rate": "lr", "per_device_train_batch_size": "batch_size",
+        "max_seq_length": "max_length", "lr_scheduler_type": "lr_schedule",
+    }  # fmt: skip
+
+    def _validate(self) -> None:
+        for name in ("steps", "micro_batch_size", "warmup_steps", "eval_every"):
+            self._require(getattr(self, name) >= 0, name, "must be >= 0")
+        for name in ("batch_size", "log_every"):
+            self._require(getattr(self, name) >= 1, name, "must be >= 1")
+        for name in ("epochs", "lr", "max_grad_norm"):
+            self._require(getattr(self, name) > 0, name, "must be > 0")
+        self._require(math.isfinite(self.epochs), "epochs", "must be a finite number")
+        self._require(self.max_length is None or self.max_length >= 2, "max_length", "must be >= 2 or null")
+
+
+@dataclass(frozen=True)
 class EvalConfig(Section):
     episodes: int = 200
     """Episodes per evaluation (`mmgrpo eval`), on the environment's eval split."""
@@ -391,6 +449,8 @@ class Config(Section):
     """GRPO training."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """Optional supervised format-only cold start before GRPO."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised fine-tuning on (messages -> response) rows, run by `mmgrpo sft` (not by `mmgrpo train`)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)

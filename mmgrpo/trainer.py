@@ -133,7 +133,7 @@ class Trainer:
             project_dir=self.out,
         )
         if cfg.logging.report_to:
-            self.accelerator.init_trackers(cfg.logging.project, config=_flat(config_to_dict(cfg)))
+            self.accelerator.init_trackers(cfg.logging.project, config=flat_config(config_to_dict(cfg)))
         self.optimizer = torch.optim.AdamW(
             self.policy.param_groups(g.lr, cfg.model.vision_lr),
             lr=g.lr,
@@ -363,23 +363,27 @@ class Trainer:
         )
 
     def save(self, out_dir: Path) -> None:
-        """The model (a LoRA run: the adapter, or the merged model with model.lora.save=merged), its
-        processor and the resolved config."""
-        from mmgrpo.model_io import save_model
-
-        model = self.accelerator.unwrap_model(self.policy.model)
-        lo = self.cfg.model.lora
-        save_model(model, self.policy.processor, out_dir, merged=lo is not None and lo.save == "merged")
-        save_config(self.cfg, out_dir / "mmgrpo_config.yaml")
+        save_run(self.accelerator, self.policy, self.cfg, out_dir)
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
+    """The model (a LoRA run: the adapter, or the merged model with model.lora.save=merged), its processor
+    and the resolved config, as ``mmgrpo eval`` and ``model.path`` read them."""
+    from mmgrpo.model_io import save_model
+
+    model = accelerator.unwrap_model(policy.model)
+    lo = cfg.model.lora
+    save_model(model, policy.processor, out_dir, merged=lo is not None and lo.save == "merged")
+    save_config(cfg, out_dir / "mmgrpo_config.yaml")
+
+
+def flat_config(d: dict, prefix: str = "") -> dict[str, Any]:
     """A nested config dict as flat dotted keys with scalar values (what trackers take as hyperparameters)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
+            out.update(flat_config(v, key + "."))
         else:
             out[key] = v if isinstance(v, (int, float, str, bool)) else json.dumps(v)
     return out

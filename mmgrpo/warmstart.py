@@ -30,6 +30,7 @@ from mmgrpo.env import ChatEnv, assistant
 from mmgrpo.errors import ConfigError
 from mmgrpo.policy import Policy
 from mmgrpo.rollout import reset_group
+from mmgrpo.sft import masked_nll, supervised_batch
 
 
 def format_targets(template: str, low: int, high: int, n: int, rng: random.Random) -> list[str]:
@@ -77,9 +78,7 @@ def warm_start(
             batch = demonstration_batch(policy, env, seeds, rng)
         else:
             batch = format_batch(policy, env, seeds, format_targets(template, low, high, batch_size, rng))
-        logp = policy.logprobs(batch)  # (B, T)
-        mask = batch.loss_mask.to(logp.device).bool()  # (B, T)
-        loss = -torch.where(mask, logp, 0.0).sum() / mask.sum()
+        loss = masked_nll(policy.logprobs(batch), batch.loss_mask)  # mean NLL per target token
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -93,11 +92,7 @@ def warm_start(
 
 def format_batch(policy: Policy, env: ChatEnv, seeds: list[int], targets: list[str]) -> TokenBatch:
     """Prompts of ``seeds`` paired with single-turn ``targets``."""
-    prompts = [reset_group([env], s, "train")[0] for s in seeds]
-    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts)  # (B, P)
-    responses = [policy.encode_text(t) + [policy.eos_token_id] for t in targets]
-    response_ids, response_mask = pad_right(responses, policy.pad_token_id)  # (B, T)
-    return TokenBatch(prompt_ids, prompt_mask, response_ids, response_mask, response_mask, vision)
+    return supervised_batch(policy, [reset_group([env], s, "train")[0] for s in seeds], targets)
 
 
 def demonstration_batch(policy: Policy, env: ChatEnv, seeds: list[int], rng: random.Random) -> TokenBatch:
@@ -112,7 +107,7 @@ def demonstration_batch(policy: Policy, env: ChatEnv, seeds: list[int], rng: ran
         row_images: list[VisionInputs] = []
         history = list(messages)
         for k, text in enumerate(turns):
-            turn = policy.encode_text(text) + [policy.eos_token_id]
+            turn = policy.encode_text(text) + [policy.end_of_turn_id]
             ids, mask = ids + turn, mask + [1] * len(turn)
             history.append(assistant(text))
             obs, _, terminated, truncated, _ = env.step(text)
