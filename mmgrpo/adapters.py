@@ -72,6 +72,11 @@ class CausalLMAdapter:
                 out[k] = v[0] if k in self.batched_keys else v
         return out
 
+    def split_vision(self, enc: dict[str, Any], counts: list[int]) -> list[dict[str, Tensor]] | None:
+        """Per-sequence vision tensors from ONE processor call over several texts with ``counts`` images
+        each (every count >= 1), or None when the family needs one processor call per text."""
+        return None
+
     def vision_kwargs(self, vision: VisionInputs, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         """Forward keywords carrying the images of the sequences of ``vision``, in order."""
         if vision.empty:
@@ -145,6 +150,17 @@ class VisionLanguageAdapter(CausalLMAdapter):
             {i for a in self.placeholder_attrs if (i := _config_id(config, a)) is not None}
         )
 
+    def split_vision(self, enc: dict[str, Any], counts: list[int]) -> list[dict[str, Tensor]] | None:
+        # one row per image in every vision tensor (LLaVA, Gemma 3): split by the counts
+        total = sum(counts)
+        keys = [k for k in self.vision_keys if isinstance(enc.get(k), Tensor)]
+        if self.batched_keys or any(enc[k].shape[0] != total for k in keys):
+            return None
+        return [
+            dict(zip(keys, parts, strict=True))
+            for parts in zip(*(enc[k].split(counts) for k in keys), strict=True)
+        ]
+
 
 class QwenVLAdapter(VisionLanguageAdapter):
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: ``pixel_values`` rows per 14x14 (Qwen3: 16x16) patch,
@@ -165,6 +181,16 @@ class QwenVLAdapter(VisionLanguageAdapter):
         if self.video_token_id is not None:
             tt[ids == self.video_token_id] = 2
         return {"mm_token_type_ids": tt}
+
+    def split_vision(self, enc: dict[str, Any], counts: list[int]) -> list[dict[str, Tensor]] | None:
+        if "image_grid_thw" not in enc or "video_grid_thw" in enc:
+            return None
+        grid = enc["image_grid_thw"]  # (images, 3)
+        patches = grid.prod(dim=-1).split(counts)  # per text, its images' patch counts
+        rows = enc["pixel_values"].split([int(p.sum()) for p in patches])  # pixel rows per text
+        return [
+            {"pixel_values": r, "image_grid_thw": g} for r, g in zip(rows, grid.split(counts), strict=True)
+        ]
 
     def uses_mrope(self, model) -> bool:
         return hasattr(_inner_model(model), "rope_deltas")

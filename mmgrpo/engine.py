@@ -111,13 +111,15 @@ def generate(
     stop_ids: list[int],
     pad_token_id: int,
     device,
-) -> tuple[Tensor, Tensor]:
+    return_logprobs: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """Sample G continuations of each of B left-padded sequences with one encoding each: the decode loop
     of HF generate, minus the G-fold prefill. A row stops at the first of ``stop_ids``.
 
     Returns the new ids (B*G, t <= max_new_tokens), pad after the stop token, and the log-probability of
     each sampled token under the distribution the loss reads (softmax of logits / temperature, before
-    top-p / top-k; temperature 1 when greedy), (B*G, t) -- what training recomputes for its ratio.
+    top-p / top-k; temperature 1 when greedy), (B*G, t) -- what training recomputes for its ratio (None
+    without ``return_logprobs``).
     """
     logits, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)  # (N, V)
     mask = mask.repeat_interleave(G, dim=0).to(device)  # (N, L), grows a column per step
@@ -127,8 +129,9 @@ def generate(
     for _ in range(max_new_tokens):
         nxt = sample_tokens(logits, temperature, top_p, top_k, adapter.suppress_ids)  # (N,)
         nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)  # (N,)
-        scaled = logits.float() / (temperature if temperature > 0 else 1.0)  # (N, V)
-        logps.append(torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1))  # (N,)
+        if return_logprobs:
+            scaled = logits.float() / (temperature if temperature > 0 else 1.0)  # (N, V)
+            logps.append(torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1))  # (N,)
         steps.append(nxt)
         done |= torch.isin(nxt, stops)
         if bool(done.all()) or len(steps) == max_new_tokens:
@@ -144,7 +147,7 @@ def generate(
     if not steps:
         empty = torch.zeros((mask.shape[0], 0))
         return empty.long(), empty
-    return torch.stack(steps, dim=1), torch.stack(logps, dim=1)  # (N, t), (N, t)
+    return torch.stack(steps, dim=1), torch.stack(logps, dim=1) if logps else None  # (N, t), (N, t)
 
 
 def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:

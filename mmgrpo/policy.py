@@ -219,8 +219,10 @@ class Policy:
     ) -> tuple[Tensor, Tensor, VisionInputs]:
         """Tokenize texts (left-padded) with their images (and videos) expanded into placeholder tokens.
 
-        Each text with images goes through the processor on its own, so that its vision tensors are its
-        own whatever layout the family uses (see mmgrpo.adapters); text-only batches are tokenized at once.
+        Texts that all have images go through the processor at once when the family's adapter can split
+        the output per text (Qwen-VL, LLaVA, Gemma 3); otherwise each text with images goes through it on
+        its own (Idefics3, videos, mixed batches). Text-only batches are tokenized at once. Both ways give
+        the same ids and tensors (tested).
         """
         videos = videos or [[] for _ in texts]
         if (any(images) or any(videos)) and not self.is_vision:
@@ -233,6 +235,15 @@ class Policy:
         if not any(images) and not any(videos):
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             return enc["input_ids"], enc["attention_mask"], VisionInputs.none(len(texts))
+        counts = [len(a) + len(b) for a, b in zip(images, videos, strict=True)]
+        if all(images) and not any(videos) and tok.pad_token_id is not None:  # one processor call, when
+            # the family can split its output per text
+            enc = self.processor(
+                text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=False
+            )
+            seqs = self.adapter.split_vision(enc, counts)
+            if seqs is not None:
+                return enc["input_ids"], enc["attention_mask"], VisionInputs(seqs, counts)
         rows, seqs = [], []
         for text, ims, vids in zip(texts, images, videos, strict=True):
             kw: dict[str, Any] = {"text": [text], "return_tensors": "pt", "add_special_tokens": False}
@@ -253,7 +264,6 @@ class Policy:
         for i, r in enumerate(rows):
             ids[i, L - len(r) :] = r
             mask[i, L - len(r) :] = 1
-        counts = [len(a) + len(b) for a, b in zip(images, videos, strict=True)]
         return ids, mask, VisionInputs(seqs, counts)
 
     def encode_prompts(
@@ -360,6 +370,7 @@ class Policy:
                         stop_ids=self.stop_ids,
                         pad_token_id=self.pad_token_id,
                         device=self.device,
+                        return_logprobs=return_logprobs,
                     )
                     completions, finished = self._cut_at_stop(new_ids.tolist())
                     if return_logprobs:

@@ -67,6 +67,22 @@ def test_adapter_stop_ids_and_template_turn_end(family):
         assert int((ids == policy.image_token_id).sum()) > 0
 
 
+def test_one_processor_call_equals_one_call_per_prompt(family, monkeypatch):
+    """Prompts processed together (split per prompt by the adapter) give the ids, masks and vision tensors
+    that processing each prompt on its own gives."""
+    name, path = family
+    policy = Policy.from_pretrained(path)
+    env = _env(name)
+    obs = [env.reset(seed=s)[0] for s in range(3)]
+    together = policy.encode_prompts(obs)
+    monkeypatch.setattr(policy.adapter, "split_vision", lambda enc, counts: None)
+    alone = policy.encode_prompts(obs)
+    assert torch.equal(together[0], alone[0]) and torch.equal(together[1], alone[1])
+    assert together[2].images_per_seq == alone[2].images_per_seq
+    for a, b in zip(together[2].seqs, alone[2].seqs, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_shared_prompt_path_equals_full_forward(family):
     """Each prompt (and its image) encoded once, its cache repeated G times: the same log-probs and
     gradients as one full forward per row."""
