@@ -28,7 +28,9 @@ from mmgrpo.batch import TokenBatch, VisionInputs
 
 def cache_kwarg(model) -> str:
     """The forward keyword that takes a KV cache: ``cache`` in recent transformers, else past_key_values."""
-    params = inspect.signature(unwrap(model).forward).parameters
+    m = unwrap(model)
+    m = m.get_base_model() if hasattr(m, "get_base_model") else m  # a LoRA wrapper takes **kwargs
+    params = inspect.signature(m.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

@@ -141,7 +141,12 @@ class Policy:
             path, dtype=dtype, trust_remote_code=trust_remote_code, lora=lora, processor_kwargs=pk
         )
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # the transformers 5 name
+                model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}
+                )
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if is_lora(model):
                 model.enable_input_require_grads()  # the frozen embeddings must still carry a graph
         model.to(device)
