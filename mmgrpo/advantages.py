@@ -129,7 +129,7 @@ def group_advantages(
 
 
 def group_stats(rewards: Tensor, group_size: int) -> dict[str, float]:
-    """Diagnostics of the learning signal (GRPO.md section 3: "reward flat" -> look at these two numbers).
+    """Diagnostics of the learning signal (when the reward is flat, look at these two numbers first).
 
     reward_std_within_group: mean over groups of the unbiased (N-1) standard deviation inside each group
         (0 when group_size == 1).

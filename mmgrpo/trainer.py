@@ -1,6 +1,6 @@
 """The GRPO loop: rollout -> rewards -> group advantages -> clipped, KL-regularised update.
 
-One step (GRPO.md section 1):
+One step (the README's "How GRPO is computed here"):
   1. B = grpo.tasks_per_step training tasks, G = grpo.group_size episodes each (``rollout``);
   2. verifiers score every episode; rewards are combined with their weights;
   3. advantages are normalised within each group, over the whole batch, BEFORE any micro-batch split;
@@ -306,7 +306,7 @@ class Trainer:
             if not math.isfinite(record["loss"]):
                 raise FloatingPointError(
                     f"step {self.step}: loss is {record['loss']}; lower grpo.lr or raise grpo.beta "
-                    "(see the troubleshooting table in GRPO.md)"
+                    "(a loss that overflows usually means the policy moved too far in one step)"
                 )
             if g.eval_every and self.step % g.eval_every == 0:
                 record["eval_accuracy"] = self.evaluate(g.eval_episodes).accuracy

@@ -1,4 +1,4 @@
-"""Group-relative advantages: the worked numbers of GRPO.md section 2 and the properties listed under them."""
+"""Group-relative advantages: hand-derived worked numbers and the properties they must satisfy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from mmgrpo.advantages import group_advantages, group_stats
 from mmgrpo.errors import DataError
 
-# GRPO.md section 2: (rewards, advantages with std(N-1), advantages with std(N)); None = elided in the table.
+# worked numbers: (rewards, advantages with std(N-1), advantages with std(N)); None = elided in the table.
 TABLE = [
     (
         [1.0, 0.8, 0.8, 0.5, 0.5, 0.5, 0.2, 0.0],
@@ -116,7 +116,7 @@ def test_group_stats_hand_example():
 
 
 def test_group_ids_make_row_order_irrelevant():
-    # GRPO.md's first worked row, as one group, plus a second group; rows shuffled and labelled by task id
+    # the first worked row, as one group, plus a second group; rows shuffled and labelled by task id
     first = [1.0, 0.8, 0.8, 0.5, 0.5, 0.5, 0.2, 0.0]
     second = [0.2, 0.2, 0.9, 0.1, 0.0, 1.0, 1.0, 0.0]
     rewards = torch.tensor(first + second)

@@ -29,7 +29,7 @@ def reference_loss(
     num_tokens=None,
     max_new_tokens=None,
 ):
-    """GRPO.md section 1 step 5, one sequence and one token at a time, with scalar math only."""
+    """The clipped surrogate with KL, one sequence and one token at a time, with scalar math only."""
     total, kl_sum, clip_count, ratio_sum, count = 0.0, 0.0, 0, 0.0, 0
     for i in range(len(logp)):
         tokens = [t for t in range(len(logp[i])) if mask[i][t]]

@@ -105,7 +105,7 @@ def number_distance(
 ) -> Callable[[Episode], float]:
     """Partial credit for numbers: ``max(0, 1 - |predicted - target| / (scale + 1))``, 1.0 when exact.
 
-    A finer reward than ``number_match`` (GRPO.md's remedy for flat rewards): with ``scale = 1`` an
+    A finer reward than ``number_match`` (a remedy for flat rewards): with ``scale = 1`` an
     answer off by one scores 0.5 and one off by two or more scores 0. Tag absent or not a number: 0.0.
     Against several accepted targets the closest counts.
     """
