@@ -58,6 +58,11 @@ def read_yaml(path: str | Path) -> tuple[dict[str, Any], Sources]:
             f"{file}: config file not found (working directory {Path.cwd()}). "
             "Pass the path of a YAML file, e.g. one under examples/, or no file for the defaults."
         ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{file}: not UTF-8 text (byte {e.start} is {e.object[e.start : e.start + 1]!r}); save the config "
+            "as UTF-8 (most editors: 'Save with encoding')"
+        ) from None
     except OSError as e:
         raise ConfigError(f"{file}: cannot read config file: {e}") from None
     loader = yaml.SafeLoader(text)

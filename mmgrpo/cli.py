@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from mmgrpo.errors import MmgrpoError
+from mmgrpo.errors import DataError, MmgrpoError
 
 DEMO_CONFIGS = {
     "counting": "examples/counting_tiny.yaml",  # the tiny VLM learns to count red circles
@@ -141,6 +141,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from mmgrpo.plots import plot_metrics
 
     run = Path(args.run_dir)
+    if not (run / "metrics.jsonl").is_file():
+        what = "does not exist" if not run.exists() else "holds no metrics.jsonl"
+        raise DataError(
+            f"{run} {what}: give the output_dir of a run (`mmgrpo train` writes metrics.jsonl there)"
+        )
     path = plot_metrics(run / "metrics.jsonl", args.out or run / "curves.png")
     print(f"wrote {path}")
     return 0
@@ -313,13 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("eval", help="accuracy on held-out episodes; writes eval.json next to the model")
     with_config(sp)
     sp.add_argument("--model", required=True, help="model directory (e.g. runs/x/final) or hub id")
-    sp.add_argument("-n", type=int, default=0, help="episodes (default: eval.episodes)")
+    sp.add_argument("-n", type=_positive, default=None, help="episodes (default: eval.episodes)")
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("probe", help="sample without training: reward distribution and group variance")
     with_config(sp)
     sp.add_argument("--model", default=None, help="model directory (default: model.path)")
-    sp.add_argument("--steps", type=int, default=2)
+    sp.add_argument("--steps", type=_positive, default=2, help="sampling steps (>= 1)")
     sp.set_defaults(fn=cmd_probe)
 
     sp = sub.add_parser("plot", help="draw a run's learning curves (metrics.jsonl) to a PNG")
@@ -353,6 +358,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_demo)
     return p
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,3 +109,44 @@ def test_missing_model_path_names_the_fix(tmp_path, capsys):
     cfg.write_text("output_dir: " + str(tmp_path / "o") + "\n")
     assert main(["train", str(cfg), "--no-progress"]) == 2
     assert "mmgrpo tiny-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "x.yaml", "--model", "m", "-n", "-5"],
+        ["eval", "x.yaml", "--model", "m", "-n", "0"],
+        ["probe", "x.yaml", "--steps", "0"],
+    ],
+)
+def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    assert "expected a whole number >= 1" in capsys.readouterr().err
+
+
+def test_plot_of_a_folder_without_a_run_says_so(tmp_path, capsys):
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere does not exist" in err and "metrics.jsonl" in err
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "holds no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("grpo:\n  lr: 1e-4  # r\xe9glage\n".encode("latin-1"))
+    assert main(["train", str(bad), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "latin1.yaml: not UTF-8 text" in err and "b'\\xe9'" in err
+
+
+def test_python_dash_m_mmgrpo_runs_the_cli():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "mmgrpo", "list"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "counting" in out.stdout
