@@ -85,6 +85,39 @@ def stop_ids_of(model, tokenizer, end_of_turn_id: int | None) -> list[int]:
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "tokenizer.tiktoken")
+
+
+def check_model_folder(path: Path) -> None:
+    """A local checkpoint folder must hold a readable config.json, weights and tokenizer files; say which is
+    missing or broken (instead of the loaders' own errors, one of which asks for sentencepiece)."""
+    config = path / "config.json"
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(
+            f"model.path '{path}': config.json cannot be read ({e}); the folder is not a complete saved "
+            "model. Save it again, or copy config.json from the checkpoint it came from."
+        ) from None
+    if not any((path / f).is_file() for f in WEIGHT_FILES) and not any(path.glob("*.safetensors")):
+        raise ConfigError(
+            f"model.path '{path}' has a config but no weights (none of {', '.join(WEIGHT_FILES)}): an "
+            "interrupted save (a full disk?) or a config-only folder. Point model.path at a complete "
+            "checkpoint."
+        )
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(
+            f"model.path '{path}' has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}). Copy them "
+            "from the base checkpoint (processor.save_pretrained(path) writes them)."
+        )
+
+
 def _adapter_base(path: Path) -> str | None:
     cfg = path / "adapter_config.json"
     if not cfg.is_file():
@@ -107,6 +140,8 @@ def load_model(
 
     adapter_base = _adapter_base(Path(path)) if Path(path).is_dir() else None
     base = adapter_base or path
+    if Path(base).is_dir():
+        check_model_folder(Path(base))
     stored = DTYPES[dtype] if (lora is not None or adapter_base) else torch.float32
     config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
     auto = (
@@ -117,7 +152,15 @@ def load_model(
     processor = AutoProcessor.from_pretrained(
         path, trust_remote_code=trust_remote_code, **(processor_kwargs or {})
     )
-    model = auto.from_pretrained(base, dtype=stored, trust_remote_code=trust_remote_code)
+    try:
+        model = auto.from_pretrained(base, dtype=stored, trust_remote_code=trust_remote_code)
+    except Exception as e:  # a weights file that exists but cannot be read: truncated or corrupt
+        if Path(base).is_dir() and ("safetensor" in type(e).__name__.lower() or "deserializ" in str(e)):
+            raise ConfigError(
+                f"model.path '{base}': the weights cannot be read ({type(e).__name__}: {e}); the file is "
+                "truncated or corrupt (an interrupted copy or save?). Copy or save the checkpoint again."
+            ) from None
+        raise
     disable_dropout(model)
     if adapter_base:
         from peft import PeftModel

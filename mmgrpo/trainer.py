@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +59,32 @@ def eval_metric(cfg: Config) -> str:
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"model.device=cuda, but torch {torch.__version__} sees no CUDA device (built for CUDA "
+            f"{torch.version.cuda or 'none: a CPU-only build'}). Use model.device=cpu, or auto to take a GPU "
+            "when there is one."
+        )
     return device
+
+
+def prepare_output_dir(path: str | Path) -> Path:
+    """Create ``path`` (the run directory) and check that files can be written there, before any model
+    loads; a clear ConfigError otherwise."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir '{out}' is a file, not a directory: set output_dir to a folder path")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".mmgrpo-write-check"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"output_dir '{out}' cannot be written: {e.strerror or e}. Choose a folder you can write to "
+            "(and with free space) with --set output_dir=PATH"
+        ) from None
+    return out
 
 
 def lora_spec(cfg: Config) -> LoraSpec | None:
@@ -120,8 +146,8 @@ class Trainer:
         self.rewards = build_rewards(cfg)
         self.metric = eval_metric(cfg)
         set_seed(cfg.seed)
-        self.out = Path(cfg.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out = prepare_output_dir(cfg.output_dir)
+        resolve_device(cfg.model.device)  # a missing GPU fails here, before the model loads
         self.policy = policy or load_policy(cfg)
         if cfg.model.freeze_vision:
             self.policy.freeze_vision()
@@ -160,6 +186,22 @@ class Trainer:
         if self.cfg.logging.report_to and "step" in record:
             nums = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             self.accelerator.log(nums, step=int(record["step"]))
+
+    def _warn_failing_verifiers(self, scored, n: int) -> None:
+        """Say so, once per verifier, when a verifier fails on every episode of a step: its reward is then
+        0 everywhere, which trains on nothing while looking like a hard task."""
+        warned = self.__dict__.setdefault("_warned_verifiers", set())
+        for name, failed in scored.failures.items():
+            if failed >= n and name not in warned:
+                warned.add(name)
+                first = next((e for e in scored.errors if f"'{name}'" in e), "")
+                line = (
+                    f"mmgrpo: warning: verifier '{name}' failed on all {n} episodes of step {self.step + 1}; it "
+                    f"scores 0 for them. First error: {first}"
+                )
+                print(line, file=sys.stderr, flush=True)
+                with (self.out / "warnings.log").open("a") as f:
+                    f.write(line + "\n")
 
     def save_samples(self, batch, scored, step: int) -> Path:
         """Some of this step's episodes, as text with their rewards: output_dir/samples/step-N.jsonl."""
@@ -205,6 +247,7 @@ class Trainer:
         )
         t_rollout = time.perf_counter() - t0
         scored = self.rewards.score(batch.episodes)
+        self._warn_failing_verifiers(scored, len(batch.episodes))
         rewards = scored.total  # (N,)
         adv = group_advantages(
             rewards,

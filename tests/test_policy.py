@@ -165,3 +165,32 @@ def test_sample_tokens_filters_and_distribution():
     assert kept[3] == 0 and kept[2] > 0
     hot = torch.bincount(sample_tokens(logits, 0.5), minlength=4).float() / 20000
     torch.testing.assert_close(hot, (logits[0] / 0.5).softmax(-1), atol=0.015, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("weights_missing", "has a config but no weights"),
+        ("weights_truncated", "the weights cannot be read .* truncated or corrupt"),
+        ("config_corrupt", "config.json cannot be read"),
+        ("tokenizer_missing", "has no tokenizer files"),
+    ],
+)
+def test_a_broken_model_folder_says_what_is_wrong(tiny_model_dir, tmp_path, damage, message):
+    import shutil
+
+    from mmgrpo.errors import ConfigError
+
+    folder = tmp_path / damage
+    shutil.copytree(tiny_model_dir, folder)
+    if damage == "weights_missing":
+        (folder / "model.safetensors").unlink()
+    elif damage == "weights_truncated":
+        with open(folder / "model.safetensors", "r+b") as f:
+            f.truncate(1000)
+    elif damage == "config_corrupt":
+        (folder / "config.json").write_text("{not json")
+    else:
+        (folder / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match=message):
+        Policy.from_pretrained(folder)

@@ -109,3 +109,43 @@ def test_bad_episodes_are_counted_not_fatal(tiny_model_dir, tmp_path):
     assert record["verifier_failures"] == 8  # every episode, for the broken verifier only
     assert 0 <= record["env_errors"] <= 8
     assert record["reward/test_boom"] == 0.0
+
+
+def test_output_dir_that_is_a_file_fails_before_the_model_loads(tmp_path):
+    from mmgrpo.errors import ConfigError
+
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a folder")
+    cfg = load_config(None, [f"model.path={tmp_path / 'no-model'}", f"output_dir={blocker}", *BASE])
+    with pytest.raises(ConfigError, match="output_dir '.*taken' is a file, not a directory"):
+        Trainer(cfg, progress=False)
+
+
+def test_cuda_without_a_gpu_is_a_config_error(tmp_path, monkeypatch):
+    from mmgrpo.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = load_config(
+        None, [f"model.path={tmp_path / 'no-model'}", f"output_dir={tmp_path}", "model.device=cuda", *BASE]
+    )
+    with pytest.raises(ConfigError, match="model.device=cuda, but torch .* sees no CUDA device"):
+        Trainer(cfg, progress=False)
+
+
+def test_a_verifier_failing_on_every_episode_is_reported_once(tiny_model_dir, tmp_path, capsys):
+    def broken(**_):
+        def fn(episode):
+            raise KeyError("label")
+
+        return fn
+
+    register_verifier("test_broken", broken, overwrite=True)
+    trainer = _trainer(
+        tiny_model_dir, tmp_path, "grpo.steps=2", "verifiers=[{name: test_length}, {name: test_broken}]"
+    )
+    trainer.train_step()
+    trainer.train_step()
+    err = capsys.readouterr().err
+    assert err.count("verifier 'test_broken' failed on all 8 episodes of step 1") == 1
+    assert "KeyError" in err and "step 2" not in err
+    assert "test_broken" in (tmp_path / "warnings.log").read_text()
