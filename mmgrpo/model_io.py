@@ -118,6 +118,31 @@ def check_model_folder(path: Path) -> None:
         )
 
 
+def check_hub_reachable(repo_id: str, timeout_s: float = 3.0) -> None:
+    """A hub id that is neither in the local Hugging Face cache nor reachable fails at once with a clear
+    error (the hub client would retry for minutes, then print a long traceback)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return  # cached: loading works offline
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"model.path '{repo_id}' is not a local folder, is not in the Hugging Face cache, and {host} "
+            f"cannot be reached ({e}). On an offline machine, download it elsewhere and give its folder "
+            "(huggingface-cli download REPO --local-dir DIR), or build the offline tiny model with "
+            "`mmgrpo tiny-model DIR`."
+        ) from None
+
+
 def _adapter_base(path: Path) -> str | None:
     cfg = path / "adapter_config.json"
     if not cfg.is_file():
@@ -142,6 +167,8 @@ def load_model(
     base = adapter_base or path
     if Path(base).is_dir():
         check_model_folder(Path(base))
+    else:
+        check_hub_reachable(str(base))
     stored = DTYPES[dtype] if (lora is not None or adapter_base) else torch.float32
     config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
     auto = (

@@ -411,13 +411,37 @@ class Trainer:
 
 def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
     """The model (a LoRA run: the adapter, or the merged model with model.lora.save=merged), its processor
-    and the resolved config, as ``mmgrpo eval`` and ``model.path`` read them."""
+    and the resolved config, as ``mmgrpo eval`` and ``model.path`` read them.
+
+    Atomic: everything is written to ``<out_dir>.partial`` and renamed into place only when complete, so a
+    save that fails (a full disk, a kill) never leaves an ``out_dir`` that looks like a model and is not,
+    and an earlier save at ``out_dir`` survives until the new one is whole.
+    """
+    import shutil
+
     from mmgrpo.model_io import save_model
 
+    out_dir = Path(out_dir)
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     model = accelerator.unwrap_model(policy.model)
     lo = cfg.model.lora
-    save_model(model, policy.processor, out_dir, merged=lo is not None and lo.save == "merged")
-    save_config(cfg, out_dir / "mmgrpo_config.yaml")
+    try:
+        save_model(model, policy.processor, partial, merged=lo is not None and lo.save == "merged")
+        save_config(cfg, partial / "mmgrpo_config.yaml")
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ConfigError(
+            f"saving to {out_dir} failed ({e.strerror or e}); nothing was replaced"
+            + (f" (the earlier save at {out_dir} is intact)" if out_dir.exists() else "")
+            + ". Free some space or set output_dir elsewhere."
+        ) from None
+    old = out_dir.with_name(out_dir.name + ".old")
+    if out_dir.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        out_dir.rename(old)
+    partial.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def flat_config(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -194,3 +194,20 @@ def test_a_broken_model_folder_says_what_is_wrong(tiny_model_dir, tmp_path, dama
         (folder / "tokenizer.json").unlink()
     with pytest.raises(ConfigError, match=message):
         Policy.from_pretrained(folder)
+
+
+def test_an_unreachable_hub_id_fails_at_once(monkeypatch):
+    import socket
+
+    from mmgrpo.errors import ConfigError
+
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", offline)
+    t0 = time.perf_counter()
+    with pytest.raises(
+        ConfigError, match="not in the Hugging Face cache, and huggingface.co cannot be reached"
+    ):
+        Policy.from_pretrained("some-org/not-cached-model")
+    assert time.perf_counter() - t0 < 30  # not minutes of retries

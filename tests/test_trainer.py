@@ -149,3 +149,30 @@ def test_a_verifier_failing_on_every_episode_is_reported_once(tiny_model_dir, tm
     assert err.count("verifier 'test_broken' failed on all 8 episodes of step 1") == 1
     assert "KeyError" in err and "step 2" not in err
     assert "test_broken" in (tmp_path / "warnings.log").read_text()
+
+
+def test_a_failed_final_save_leaves_the_earlier_one_intact(tiny_model_dir, tmp_path, monkeypatch):
+    """The save goes to final.partial and is renamed into place only when whole: a disk that fills up
+    halfway leaves no half-written final/ and keeps the previous one."""
+    import errno
+
+    from mmgrpo import model_io
+    from mmgrpo.errors import ConfigError
+
+    trainer = _trainer(tiny_model_dir, tmp_path)
+    trainer.save(tmp_path / "final")
+    before = (tmp_path / "final" / "model.safetensors").read_bytes()
+    real = model_io.save_model
+
+    def fill_disk(model, processor, out, merged=False):
+        real(model, processor, out, merged=merged)  # the weights are written, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(model_io, "save_model", fill_disk)
+    with pytest.raises(ConfigError, match="No space left on device.*earlier save .* is intact"):
+        trainer.save(tmp_path / "final")
+    assert (tmp_path / "final" / "model.safetensors").read_bytes() == before
+    assert not (tmp_path / "final.partial").exists()
+    monkeypatch.setattr(model_io, "save_model", real)
+    trainer.save(tmp_path / "final")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("final")) == ["final"]
