@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from mmgrpo.errors import DataError, MmgrpoError
+from mmgrpo.errors import ConfigError, DataError, MmgrpoError
 
 DEMO_CONFIGS = {
     "counting": "examples/counting_tiny.yaml",  # the tiny VLM learns to count red circles
@@ -72,6 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from mmgrpo.trainer import Trainer
 
     cfg = load_config(args.config, args.set)
+    _claim_output_dir(Path(cfg.output_dir), overwrite=args.overwrite)
     trainer = Trainer(cfg, progress=not args.no_progress)
     if cfg.warm_start.steps > 0:
         trainer.warm_start()
@@ -85,6 +86,29 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"model saved to {trainer.out / 'final'}"
     )
     return 0
+
+
+RUN_FILES = ("metrics.jsonl", "final", "curves.png", "samples", "warnings.log", "config.yaml")
+"""What a run writes into its output_dir (with checkpoint-N folders)."""
+
+
+def _claim_output_dir(out: Path, *, overwrite: bool) -> None:
+    """Refuse to train into a folder that holds a run (its final model would be replaced and its metrics
+    appended to), unless ``--overwrite``, which removes that run's files first."""
+    import shutil
+
+    found = [n for n in RUN_FILES if (out / n).exists()] + sorted(p.name for p in out.glob("checkpoint-*"))
+    if not found:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"output_dir '{out}' already holds a run ({', '.join(found[:4])}); training there would replace "
+            "its model and mix its metrics with the new run's. Set another output_dir, or pass --overwrite "
+            "to delete that run first."
+        )
+    for name in found:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -309,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("train", help="train with GRPO")
     with_config(sp)
+    sp.add_argument(
+        "--overwrite", action="store_true", help="delete the run already in output_dir and train anew"
+    )
     sp.set_defaults(fn=cmd_train)
 
     sp = sub.add_parser("sft", help="supervised fine-tuning on (messages -> response) rows (sft.data)")

@@ -150,3 +150,18 @@ def test_python_dash_m_mmgrpo_runs_the_cli():
         [sys.executable, "-m", "mmgrpo", "list"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and "counting" in out.stdout
+
+
+def test_a_second_train_into_a_run_refuses_unless_overwrite(tiny_model_dir, tmp_path, small_run, capsys):
+    cfg = str(ROOT / "examples" / "counting_tiny.yaml")
+    out = tmp_path / "run"
+    sets = small_run(f"model.path={tiny_model_dir}", f"output_dir={out}", "warm_start.steps=0")
+    assert main(["train", cfg, *sets, "--no-progress"]) == 0
+    model = (out / "final" / "model.safetensors").read_bytes()
+    assert main(["train", cfg, *sets, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (metrics.jsonl, final" in err and "--overwrite" in err
+    assert (out / "final" / "model.safetensors").read_bytes() == model  # nothing was touched
+    assert main(["train", cfg, *sets, "--no-progress", "--overwrite"]) == 0
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]  # the new run's steps only, not 1 2 1 2
