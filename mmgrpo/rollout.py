@@ -31,7 +31,7 @@ import torch
 
 from mmgrpo.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.env import ChatEnv, assistant
-from mmgrpo.errors import ConfigError, DataError
+from mmgrpo.errors import ConfigError, DataError, EnvError
 from mmgrpo.policy import Policy
 from mmgrpo.verifier import Episode
 
@@ -82,6 +82,8 @@ class RolloutBatch:
     trajectories: list[Trajectory]
     tokens: TokenBatch
     group_size: int
+    failed_tasks: list[tuple[int, str]] = field(default_factory=list)
+    """Tasks whose env raised in ``reset``: (seed, error). They are left out of the batch, not a crash."""
 
     @property
     def episodes(self) -> list[Episode]:
@@ -142,11 +144,23 @@ def rollout(
     if len(envs) < N:
         raise ValueError(f"rollout needs {N} envs for {B} tasks x G={G}, got {len(envs)}")
     budget = max_episode_tokens or 10**9  # response tokens (policy and env) an episode may hold
-    prompts, tasks = [], []
+    prompts, tasks, kept, failed = [], [], [], []
     for b, seed in enumerate(seeds):
-        obs, info = reset_group(envs[b * G : (b + 1) * G], seed, split)
+        try:
+            obs, info = reset_group(envs[b * G : (b + 1) * G], seed, split)
+        except Exception as exc:  # a task the env cannot pose is data: leave it out, say which
+            failed.append((seed, f"{type(exc).__name__}: {exc}"))
+            continue
         prompts.append(obs)
         tasks.append(info)
+        kept.append(b)
+    if not kept:
+        raise EnvError(
+            f"the environment raised in reset() for every task of this batch ({split} seeds {seeds}); first: "
+            f"seed {failed[0][0]}: {failed[0][1]}"
+        )
+    envs = [env for b in kept for env in envs[b * G : (b + 1) * G]]  # row order of the kept tasks
+    B, N = len(kept), len(kept) * G
     tools = [info.get("tools") or None for info in tasks]  # JSON schemas for the chat template
 
     prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P), (B, P)
@@ -280,7 +294,7 @@ def rollout(
         prompt_index=rows,
         response_vision=None if response_vision.empty else response_vision,
     )
-    return RolloutBatch(trajs, tokens, G)
+    return RolloutBatch(trajs, tokens, G, failed_tasks=failed)
 
 
 def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[int]:

@@ -187,6 +187,18 @@ class Trainer:
             nums = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             self.accelerator.log(nums, step=int(record["step"]))
 
+    def _report_failed_tasks(self, failed: list[tuple[int, str]]) -> None:
+        """Tasks the env could not pose (reset raised) were left out of the step: log each with its seed
+        and error to warnings.log, and the first few to stderr."""
+        for seed, message in failed:
+            line = f"mmgrpo: warning: step {self.step + 1}: env '{self.cfg.env.name}' failed to reset task seed {seed}: {message}; the task was left out"
+            shown = self.__dict__.setdefault("_failed_shown", [0])
+            if shown[0] < 5:
+                print(line, file=sys.stderr, flush=True)
+                shown[0] += 1
+            with (self.out / "warnings.log").open("a") as f:
+                f.write(line + "\n")
+
     def _warn_failing_verifiers(self, scored, n: int) -> None:
         """Say so, once per verifier, when a verifier fails on every episode of a step: its reward is then
         0 everywhere, which trains on nothing while looking like a hard task."""
@@ -246,6 +258,7 @@ class Trainer:
             max_episode_tokens=self.cfg.env.max_episode_tokens,
         )
         t_rollout = time.perf_counter() - t0
+        self._report_failed_tasks(batch.failed_tasks)
         scored = self.rewards.score(batch.episodes)
         self._warn_failing_verifiers(scored, len(batch.episodes))
         rewards = scored.total  # (N,)
@@ -324,6 +337,7 @@ class Trainer:
             "truncated_frac": sum(t.truncated for t in batch.trajectories) / N,
             "verifier_failures": sum(scored.failures.values()),
             "env_errors": sum(t.env_error is not None for t in batch.trajectories),
+            "env_reset_failures": len(batch.failed_tasks),
             **(episode_metrics(batch.trajectories) if self.cfg.env.max_turns > 1 else {}),
             "rollout_time": t_rollout,
             "train_time": t_train,

@@ -176,3 +176,39 @@ def test_a_failed_final_save_leaves_the_earlier_one_intact(tiny_model_dir, tmp_p
     monkeypatch.setattr(model_io, "save_model", real)
     trainer.save(tmp_path / "final")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("final")) == ["final"]
+
+
+class _BrokenSeedEnv(CountingEnv):
+    """Counting scenes, except that task seeds in ``bad`` cannot be posed."""
+
+    def __init__(self, bad=(1,), **kwargs):
+        super().__init__(**kwargs)
+        self.bad = set(bad)
+
+    def make_task(self, seed, split):
+        if seed in self.bad:
+            raise FileNotFoundError(f"scene {seed} is missing")
+        return super().make_task(seed, split)
+
+
+def test_a_task_whose_reset_raises_is_left_out_and_logged(tiny_model_dir, tmp_path, capsys):
+    from mmgrpo.registry import register_env
+
+    register_env("test_broken_seed", _BrokenSeedEnv, overwrite=True)
+    trainer = _trainer(tiny_model_dir, tmp_path, "env.name=test_broken_seed", VARIED)
+    record = trainer.train_step()  # seeds 0 and 1: 1 fails, 0 trains
+    assert record["env_reset_failures"] == 1 and 0 <= record["reward"]
+    assert "failed to reset task seed 1: FileNotFoundError: scene 1 is missing" in capsys.readouterr().err
+    assert "seed 1" in (tmp_path / "warnings.log").read_text()
+
+
+def test_when_every_task_fails_to_reset_the_error_names_them(tiny_model_dir, tmp_path):
+    from mmgrpo.errors import EnvError
+    from mmgrpo.registry import register_env
+
+    register_env("test_broken_seed", _BrokenSeedEnv, overwrite=True)
+    trainer = _trainer(
+        tiny_model_dir, tmp_path, "env.name=test_broken_seed", "env.kwargs={bad: [0, 1]}", VARIED
+    )
+    with pytest.raises(EnvError, match="raised in reset\\(\\) for every task .*seed 0: FileNotFoundError"):
+        trainer.train_step()
