@@ -7,6 +7,7 @@ lines over them so that a script can do the same.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -74,11 +75,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     _claim_output_dir(Path(cfg.output_dir), overwrite=args.overwrite)
     trainer = Trainer(cfg, progress=not args.no_progress)
-    if cfg.warm_start.steps > 0:
-        trainer.warm_start()
-    record = trainer.train()
     from mmgrpo.plots import plot_metrics
 
+    try:
+        with _sigterm_as_interrupt():
+            if cfg.warm_start.steps > 0:
+                trainer.warm_start()
+            record = trainer.train()
+    except KeyboardInterrupt:
+        return _save_interrupted(trainer)
     if cfg.grpo.steps > 0:  # a warm-start-only run has no GRPO curves to draw
         plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
     print(
@@ -88,7 +93,44 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-RUN_FILES = ("metrics.jsonl", "final", "curves.png", "samples", "warnings.log", "config.yaml")
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Within the block, SIGTERM (a scheduler's kill) is handled like Ctrl-C."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _save_interrupted(trainer) -> int:
+    """Ctrl-C or SIGTERM: keep the model and the curves so far, say where, exit 130 (a second Ctrl-C
+    during the save stops at once)."""
+    from mmgrpo.plots import plot_metrics
+
+    where = trainer.out / "interrupted"
+    trainer.save(where)
+    if trainer.metrics_path.exists() and trainer.step > 0:
+        plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
+    print(
+        f"\nmmgrpo: interrupted after {trainer.step} GRPO steps; the model so far is in {where} (use it as "
+        "model.path; resuming a run exactly is not available yet)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 130
+
+
+RUN_FILES = ("metrics.jsonl", "final", "interrupted", "curves.png", "samples", "warnings.log", "config.yaml")
 """What a run writes into its output_dir (with checkpoint-N folders)."""
 
 

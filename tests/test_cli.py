@@ -165,3 +165,26 @@ def test_a_second_train_into_a_run_refuses_unless_overwrite(tiny_model_dir, tmp_
     assert main(["train", cfg, *sets, "--no-progress", "--overwrite"]) == 0
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]  # the new run's steps only, not 1 2 1 2
+
+
+def test_ctrl_c_keeps_the_model_and_curves_and_exits_130(
+    tiny_model_dir, tmp_path, small_run, capsys, monkeypatch
+):
+    from mmgrpo.trainer import Trainer
+
+    real = Trainer.train_step
+
+    def interrupted_at_step_2(self):
+        if self.step == 1:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_at_step_2)
+    cfg = str(ROOT / "examples" / "counting_tiny.yaml")
+    out = tmp_path / "run"
+    sets = small_run(f"model.path={tiny_model_dir}", f"output_dir={out}", "warm_start.steps=0")
+    assert main(["train", cfg, *sets, "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted after 1 GRPO steps" in err and "Traceback" not in err
+    assert (out / "interrupted" / "model.safetensors").is_file() and (out / "curves.png").is_file()
+    assert not (out / "final").exists()
