@@ -60,9 +60,12 @@ def check_precision(dtype: str, device: str) -> None:
 
 def disable_dropout(model: torch.nn.Module) -> int:
     """Set every dropout probability of ``model`` to 0 (nn.Dropout modules and the float ``*dropout*``
-    attributes attention modules read at forward time). Returns how many were changed."""
+    attributes attention modules read at forward time), except LoRA's own (``model.lora.dropout`` is the
+    user's choice). Returns how many were changed."""
     changed = 0
-    for m in model.modules():
+    for name, m in model.named_modules():
+        if "lora_dropout" in name:
+            continue
         if isinstance(m, torch.nn.Dropout):
             changed += m.p != 0
             m.p = 0.0

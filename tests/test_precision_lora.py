@@ -303,3 +303,19 @@ def test_a_cache_without_batch_repetition_falls_back_to_encoding_each_row(
     m = counting_tokens.loss_mask.bool()
     torch.testing.assert_close(got[m], want[m], atol=1e-5, rtol=0)
     assert again == greedy
+
+
+def test_lora_dropout_is_the_users_choice(tiny_model_dir):
+    """Dropout is switched off in the model, but model.lora.dropout stays as configured."""
+    policy = Policy.from_pretrained(tiny_model_dir, lora=LoraSpec(r=4, alpha=8, dropout=0.1))
+    lora_p = {
+        m.p
+        for n, m in policy.model.named_modules()
+        if "lora_dropout" in n and isinstance(m, torch.nn.Dropout)
+    }
+    other_p = {
+        m.p
+        for n, m in policy.model.named_modules()
+        if "lora_dropout" not in n and isinstance(m, torch.nn.Dropout)
+    }
+    assert lora_p == {0.1} and other_p <= {0.0}
