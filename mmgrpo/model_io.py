@@ -191,7 +191,6 @@ def load_model(
                 "truncated or corrupt (an interrupted copy or save?). Copy or save the checkpoint again."
             ) from None
         raise
-    disable_dropout(model)
     if adapter_base:
         from peft import PeftModel
 
