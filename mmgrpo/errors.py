@@ -33,6 +33,18 @@ class DataError(MmgrpoError, ValueError):
     """An episode or dataset cannot be used as given (e.g. a prompt longer than the context)."""
 
 
+class FaultError(MmgrpoError):
+    """Too large a share of a step's tasks or episodes failed in the environment (see mmgrpo.faults).
+
+    Single failures are data (left out or ended early, and counted); past ``faults.max_failure_frac`` the
+    run stops, since it would otherwise train on what is left of a broken environment.
+    """
+
+
+class NonFiniteError(MmgrpoError):
+    """A reward, advantage or loss is NaN or infinite; an update with it would ruin the weights."""
+
+
 def closest(name: str, options: Iterable[str]) -> str | None:
     """The option closest to ``name`` (for 'did you mean ...?' hints), or None when nothing is close."""
     matches = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
