@@ -172,6 +172,39 @@ class TokenBatch:
             response_vision=self.response_vision.select(rows) if self.has_response_images else None,
         )
 
+    @staticmethod
+    def concat(parts: list[TokenBatch], pad_token_id: int = 0) -> TokenBatch:
+        """The rows of ``parts`` in order, as one batch (prompts re-padded on the left, responses on the
+        right; each part keeps its own distinct prompts). E.g. the local batches of several processes."""
+        P = max(b.prompt_ids.shape[1] for b in parts)
+        T = max(b.response_ids.shape[1] for b in parts)
+
+        def left(t: Tensor, fill: int) -> Tensor:  # (n, p) -> (n, P)
+            return torch.nn.functional.pad(t, (P - t.shape[1], 0), value=fill)
+
+        def right(t: Tensor, fill: int) -> Tensor:  # (n, t) -> (n, T)
+            return torch.nn.functional.pad(t, (0, T - t.shape[1]), value=fill)
+
+        index, offset = [], 0
+        for b in parts:
+            index += [offset + p for p in b.row_prompts()]
+            offset += len(b.vision.images_per_seq)
+        has_resp = any(b.has_response_images for b in parts)
+        return TokenBatch(
+            prompt_ids=torch.cat([left(b.prompt_ids, pad_token_id) for b in parts]),
+            prompt_mask=torch.cat([left(b.prompt_mask, 0) for b in parts]),
+            response_ids=torch.cat([right(b.response_ids, pad_token_id) for b in parts]),
+            response_mask=torch.cat([right(b.response_mask, 0) for b in parts]),
+            loss_mask=torch.cat([right(b.loss_mask, 0) for b in parts]),
+            vision=VisionInputs.concat_rows([b.vision for b in parts]),
+            prompt_index=index,
+            response_vision=VisionInputs.concat_rows(
+                [b.response_vision if b.has_response_images else VisionInputs.none(len(b)) for b in parts]
+            )
+            if has_resp
+            else None,
+        )
+
     def shared_prompt_runs(self) -> int:
         """G when the rows come in consecutive runs of G (> 1) rows sharing one prompt, else 1."""
         keys = self.row_prompts()

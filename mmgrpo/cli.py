@@ -7,7 +7,6 @@ lines over them so that a script can do the same.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -69,61 +68,120 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from mmgrpo.checkpoint import latest_checkpoint
     from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.trainer import Trainer, TrainingStopped
 
     cfg = load_config(args.config, args.set)
-    _claim_output_dir(Path(cfg.output_dir), overwrite=args.overwrite)
+    out = Path(cfg.output_dir)
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in output_dir and --overwrite deletes it: give one")
+    resume_from = None
+    if args.resume:
+        resume_from = latest_checkpoint(out) if args.resume == LATEST else Path(args.resume)
+        if resume_from is None:
+            raise ConfigError(
+                f"--resume: output_dir '{out}' holds no complete checkpoint-N to resume from (checkpoints are "
+                "written every grpo.save_every steps and when a run is stopped by Ctrl-C or SIGTERM). Start a "
+                "new run without --resume, or give --resume PATH."
+            )
+    else:
+        _claim_output_dir(out, overwrite=args.overwrite)
     trainer = Trainer(cfg, progress=not args.no_progress)
     from mmgrpo.plots import plot_metrics
 
+    stopper = _SignalStop(trainer)
     try:
-        with _sigterm_as_interrupt():
-            if cfg.warm_start.steps > 0:
+        with stopper:
+            if resume_from is not None:
+                trainer.resume(resume_from)
+                if trainer.is_main:
+                    print(
+                        f"mmgrpo: resumed from {resume_from} at step {trainer.step}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            elif cfg.warm_start.steps > 0:
                 trainer.warm_start()
+            stopper.in_grpo = True
             record = trainer.train()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # during the warm start: keep what there is
         return _save_interrupted(trainer)
-    if cfg.grpo.steps > 0:  # a warm-start-only run has no GRPO curves to draw
+    except TrainingStopped as stop:
+        if trainer.is_main:
+            if trainer.metrics_path.exists() and stop.step > 0:
+                plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
+            resume = " ".join(["mmgrpo train", args.config, *(f"--set {s}" for s in args.set), "--resume"])
+            print(
+                f"\nmmgrpo: stopped after step {stop.step} of {cfg.grpo.steps}; checkpoint in {stop.path}; "
+                f"continue with: {resume}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return 128 + stopper.signum
+    if cfg.grpo.steps > 0 and trainer.is_main:  # a warm-start-only run has no GRPO curves to draw
         plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
-    print(
-        f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
-        f"model saved to {trainer.out / 'final'}"
-    )
+    if trainer.is_main:
+        print(
+            f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
+            f"model saved to {trainer.out / 'final'}"
+        )
     return 0
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Within the block, SIGTERM (a scheduler's kill) is handled like Ctrl-C."""
-    import signal
+LATEST = "latest"
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
 
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+class _SignalStop:
+    """SIGINT/SIGTERM during GRPO: finish the current step, write a checkpoint, stop (exit 128 + signal).
+    During the warm start: stop at once and keep the model so far. A second signal exits at once."""
+
+    def __init__(self, trainer):
+        self.trainer, self.in_grpo, self.signum, self.previous = trainer, False, 0, {}
+
+    def handle(self, signum, frame):
+        import os
+        import signal
+
+        if self.signum:  # the second signal
+            print(f"\nmmgrpo: {signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum = signum
+        if not self.in_grpo:
+            raise KeyboardInterrupt
+        self.trainer.stop_requested = True
+        if self.trainer.is_main:
+            print(
+                f"\nmmgrpo: {signal.Signals(signum).name}: finishing step {self.trainer.step + 1}, then saving a "
+                "checkpoint (send it again to exit at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __enter__(self):
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[sig] = signal.signal(sig, self.handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 def _save_interrupted(trainer) -> int:
-    """Ctrl-C or SIGTERM: keep the model and the curves so far, say where, exit 130 (a second Ctrl-C
-    during the save stops at once)."""
-    from mmgrpo.plots import plot_metrics
-
+    """Ctrl-C or SIGTERM during the warm start: keep the model and the curves so far, say where, exit 130."""
     where = trainer.out / "interrupted"
     trainer.save(where)
-    if trainer.metrics_path.exists() and trainer.step > 0:
-        plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
     print(
-        f"\nmmgrpo: interrupted after {trainer.step} GRPO steps; the model so far is in {where} (use it as "
-        "model.path; resuming a run exactly is not available yet)",
+        f"\nmmgrpo: interrupted during the warm start; the model so far is in {where} (use it as model.path)",
         file=sys.stderr,
         flush=True,
     )
@@ -145,8 +203,8 @@ def _claim_output_dir(out: Path, *, overwrite: bool) -> None:
     if not overwrite:
         raise ConfigError(
             f"output_dir '{out}' already holds a run ({', '.join(found[:4])}); training there would replace "
-            "its model and mix its metrics with the new run's. Set another output_dir, or pass --overwrite "
-            "to delete that run first."
+            "its model and mix its metrics with the new run's. Pass --resume to continue it from its latest "
+            "checkpoint, --overwrite to delete it and start anew, or set another output_dir."
         )
     for name in found:
         path = out / name
@@ -359,7 +417,11 @@ def _tool_use(result) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmgrpo", description="GRPO for vision-language and text models.")
+    p = argparse.ArgumentParser(
+        prog="mmgrpo",
+        description="GRPO for vision-language and text models.",
+        epilog="--debug (anywhere): show the traceback of an error instead of its one-line message",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp: argparse.ArgumentParser) -> None:
@@ -377,6 +439,14 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(sp)
     sp.add_argument(
         "--overwrite", action="store_true", help="delete the run already in output_dir and train anew"
+    )
+    sp.add_argument(
+        "--resume",
+        nargs="?",
+        const=LATEST,
+        default=None,
+        metavar="PATH",
+        help="continue the run in output_dir from its latest checkpoint, or from checkpoint PATH",
     )
     sp.set_defaults(fn=cmd_train)
 
@@ -441,10 +511,18 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command. An input error prints one line (``mmgrpo: error: ...``) and exits 2; ``--debug``
+    (anywhere on the command line) or MMGRPO_DEBUG=1 shows its traceback instead."""
+    import os
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MMGRPO_DEBUG") == "1"
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
     try:
         return args.fn(args)
     except MmgrpoError as exc:
+        if debug:
+            raise
         print(f"mmgrpo: error: {exc}", file=sys.stderr)
         return 2
 

@@ -37,6 +37,7 @@ __all__ = [
     "EvalConfig",
     "LoraConfig",
     "LoggingConfig",
+    "FaultsConfig",
     "load_config",
     "config_from_dict",
     "config_to_dict",
@@ -215,7 +216,10 @@ class GRPOConfig(Section):
     log_every: int = 1
     """Log metrics (metrics.jsonl, progress bar) every this many steps."""
     save_every: int = 0
-    """Save a checkpoint every this many steps; 0 = only at the end."""
+    """Write a resumable checkpoint (output_dir/checkpoint-N: weights, optimizer, scheduler, RNG states,
+    task position) every this many steps; 0 = none (the final model is always saved)."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep (older ones are deleted once a newer one is complete)."""
     eval_every: int = 0
     """Run a held-out evaluation every this many steps; 0 = never during training."""
     eval_episodes: int = 64
@@ -250,6 +254,7 @@ class GRPOConfig(Section):
             self._require(getattr(self, name) >= 1, name, "must be >= 1")
         for name in ("steps", "warmup_steps", "top_k", "save_every", "eval_every", "weight_decay", "beta"):
             self._require(getattr(self, name) >= 0, name, "must be >= 0")
+        self._require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
         self._require(
             self.group_size >= 2,
             "group_size",
@@ -434,6 +439,19 @@ class LoggingConfig(Section):
 
 
 @dataclass(frozen=True)
+class FaultsConfig(Section):
+    max_failure_frac: float = 0.5
+    """An env that raises in reset() or step() fails that task or episode only (counted, logged with its
+    seed); when more than this share of a step's tasks or episodes fail, the run stops. 1 = never stop."""
+    nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN or infinite reward, advantage or loss: stop the run naming the step and the verifier, or skip
+    the batch (no update) and count it in faults/skipped_batches."""
+
+    def _validate(self) -> None:
+        self._require(0 <= self.max_failure_frac <= 1, "max_failure_frac", "must be in [0, 1]")
+
+
+@dataclass(frozen=True)
 class Config(Section):
     seed: int = 0
     """Seed of everything random: same config and seed on the CPU give the same run."""
@@ -455,6 +473,8 @@ class Config(Section):
     """Evaluation."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Trackers and saved samples."""
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    """What a failing env, verifier or a non-finite number does to the run."""
 
     _aliases: ClassVar[dict[str, str]] = {
         "environment": "env",

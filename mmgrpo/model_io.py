@@ -241,12 +241,15 @@ def is_lora(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
-def save_model(model, processor, out_dir: str | Path, *, merged: bool = False) -> Path:
-    """Save ``model`` (a LoRA model: its adapter, or with ``merged`` a merged plain copy) and processor."""
+def save_model(model, processor, out_dir: str | Path, *, merged: bool = False, state_dict=None) -> Path:
+    """Save ``model`` (a LoRA model: its adapter, or with ``merged`` a merged plain copy) and processor.
+    ``state_dict``: the full weights when the live model is sharded (FSDP, DeepSpeed) and was gathered."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if is_lora(model) and merged:
         copy.deepcopy(model).merge_and_unload().save_pretrained(out)
+    elif state_dict is not None:
+        model.save_pretrained(out, state_dict=state_dict)
     else:
         model.save_pretrained(out)
     processor.save_pretrained(out)

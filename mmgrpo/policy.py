@@ -317,7 +317,7 @@ class Policy:
 
     @property
     def name_or_path(self) -> str:
-        return str(getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__)
+        return str(getattr(unwrap(self.model).config, "_name_or_path", "") or type(unwrap(self.model)).__name__)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""

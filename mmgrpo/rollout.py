@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from mmgrpo.adapters import unwrap
 from mmgrpo.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.env import ChatEnv, assistant
 from mmgrpo.errors import ConfigError, DataError, EnvError
@@ -61,6 +62,7 @@ class Trajectory:
     tool_calls: int = 0
     tool_failures: dict[str, int] = field(default_factory=dict)
     response_vision: VisionInputs = field(default_factory=lambda: VisionInputs(images_per_seq=[0]))
+    seed: int | None = None  # the task seed the env was reset on
     env_metrics: dict[str, float] = field(default_factory=dict)  # the env's own, last value per name
 
     @property
@@ -164,7 +166,7 @@ def rollout(
     tools = [info.get("tools") or None for info in tasks]  # JSON schemas for the chat template
 
     prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P), (B, P)
-    limit = getattr(policy.model.config.get_text_config(), "max_position_embeddings", None)
+    limit = getattr(unwrap(policy.model).config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and prompt_ids.shape[1] + max_new_tokens > limit:
         raise DataError(
             f"a prompt of {prompt_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds the "
@@ -180,6 +182,7 @@ def rollout(
             completion="",
             response_ids=[],
             loss_mask=[],
+            seed=seeds[kept[rows[i]]],
         )
         for i in range(N)
     ]

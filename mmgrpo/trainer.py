@@ -14,8 +14,10 @@ the resolved config go to ``{output_dir}/final``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -26,14 +28,23 @@ import torch
 
 from mmgrpo.advantages import group_advantages, group_stats
 from mmgrpo.batch import TokenBatch
+from mmgrpo.checkpoint import (
+    config_differences,
+    load_checkpoint,
+    read_state,
+    register_model_hooks,
+    save_checkpoint,
+)
 from mmgrpo.config import Config, config_to_dict, save_config
+from mmgrpo.distributed import gather_objects, global_counts, reduce_records, shard
 from mmgrpo.env import ChatEnv
-from mmgrpo.errors import ConfigError
+from mmgrpo.errors import ConfigError, EnvError, NonFiniteError
+from mmgrpo.faults import FaultTracker, check_finite
 from mmgrpo.losses import grpo_loss
 from mmgrpo.model_io import PRECISION, LoraSpec, check_precision
 from mmgrpo.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
-from mmgrpo.rollout import episode_metrics, rollout
+from mmgrpo.rollout import RolloutBatch, episode_metrics, rollout
 from mmgrpo.verifier import Rewards
 
 
@@ -76,7 +87,7 @@ def prepare_output_dir(path: str | Path) -> Path:
         raise ConfigError(f"output_dir '{out}' is a file, not a directory: set output_dir to a folder path")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".mmgrpo-write-check"
+        probe = out / f".mmgrpo-write-check-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
@@ -96,9 +107,10 @@ def lora_spec(cfg: Config) -> LoraSpec | None:
     )
 
 
-def load_policy(cfg: Config, model_path: str | None = None) -> Policy:
+def load_policy(cfg: Config, model_path: str | None = None, device: str | None = None) -> Policy:
+    """The policy of ``cfg`` (or the model at ``model_path``) on ``device`` (default: model.device)."""
     path = model_path or cfg.require_model()
-    device = resolve_device(cfg.model.device)
+    device = device or resolve_device(cfg.model.device)
     check_precision(cfg.model.dtype, device)
     return Policy.from_pretrained(
         path,
@@ -131,35 +143,53 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], pr
         return Accelerator(**kw)
 
 
+class TrainingStopped(Exception):
+    """Raised by :meth:`Trainer.train` after a stop was requested (SIGINT/SIGTERM) and the checkpoint
+    ``path`` of ``step`` was written."""
+
+    def __init__(self, step: int, path: Path):
+        super().__init__(f"stopped after step {step}; checkpoint {path}")
+        self.step, self.path = step, path
+
+
 class Trainer:
-    """Runs GRPO for ``cfg.grpo.steps`` steps on one process (Accelerate handles device placement)."""
+    """Runs GRPO for ``cfg.grpo.steps`` steps, on one process or on each of ``accelerate launch``'s
+    (mmgrpo.distributed says what is split and what is reduced)."""
 
     def __init__(self, cfg: Config, *, policy: Policy | None = None, progress: bool = True):
         from accelerate.utils import set_seed
         from transformers import get_scheduler
 
         self.cfg = cfg
-        self.progress = progress
         g = cfg.grpo
         # everything that can be wrong with the config fails here, before a model is loaded
         self.make_env = build_env_factory(cfg)
         self.rewards = build_rewards(cfg)
         self.metric = eval_metric(cfg)
-        set_seed(cfg.seed)
         self.out = prepare_output_dir(cfg.output_dir)
-        resolve_device(cfg.model.device)  # a missing GPU fails here, before the model loads
-        self.policy = policy or load_policy(cfg)
-        if cfg.model.freeze_vision:
-            self.policy.freeze_vision()
-        device = str(self.policy.device)
+        device = resolve_device(cfg.model.device)  # a missing GPU fails here, before the model loads
+        check_precision(cfg.model.dtype, device)
+        # the accelerator first: under `accelerate launch` it joins the process group (on the CPU too)
         self.accelerator = make_accelerator(
             cpu=device == "cpu",
             mixed_precision=PRECISION[cfg.model.dtype].replace("fp32", "no"),
             log_with=list(cfg.logging.report_to),
             project_dir=self.out,
         )
+        set_seed(cfg.seed + self.accelerator.process_index)  # each process samples its own episodes
+        self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
+        if cfg.model.freeze_vision:
+            self.policy.freeze_vision()
+        acc = self.accelerator
+        self.rank, self.world, self.is_main = acc.process_index, acc.num_processes, acc.is_main_process
+        if g.tasks_per_step < self.world:
+            raise ConfigError(
+                f"grpo.tasks_per_step={g.tasks_per_step} is fewer than the {self.world} processes: each process "
+                f"trains on whole tasks, so set grpo.tasks_per_step to a multiple of {self.world}"
+            )
+        self.progress = progress and self.is_main
         if cfg.logging.report_to:
-            self.accelerator.init_trackers(cfg.logging.project, config=flat_config(config_to_dict(cfg)))
+            acc.init_trackers(cfg.logging.project, config=flat_config(config_to_dict(cfg)))
         self.optimizer = torch.optim.AdamW(
             self.policy.param_groups(g.lr, cfg.model.vision_lr),
             lr=g.lr,
@@ -172,48 +202,32 @@ class Trainer:
             num_warmup_steps=g.warmup_steps,
             num_training_steps=g.steps * g.num_iterations,
         )
-        self.policy.model, self.optimizer, self.scheduler = self.accelerator.prepare(
+        self.policy.model, self.optimizer, self.scheduler = acc.prepare(
             self.policy.model, self.optimizer, self.scheduler
         )
-        self.envs = [self.make_env() for _ in range(g.episodes_per_step)]
+        register_model_hooks(acc, self.policy)
+        local_tasks = len(shard(list(range(g.tasks_per_step)), self.rank, self.world))
+        self.envs = [self.make_env() for _ in range(max(local_tasks, 1) * g.group_size)]
         self.metrics_path = self.out / "metrics.jsonl"
+        self.faults = FaultTracker(
+            cfg.env.name,
+            self.out / "warnings.log" if self.is_main else None,
+            max_failure_frac=cfg.faults.max_failure_frac,
+            echo=self.is_main,
+        )
+        self.flat_config = flat_config(config_to_dict(cfg))
         self.step = 0
+        self.stop_requested = False  # set by a signal handler; the loop saves a checkpoint and stops
 
     # ------------------------------------------------------------------------------------------ logging
     def log(self, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.cfg.logging.report_to and "step" in record:
             nums = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             self.accelerator.log(nums, step=int(record["step"]))
-
-    def _report_failed_tasks(self, failed: list[tuple[int, str]]) -> None:
-        """Tasks the env could not pose (reset raised) were left out of the step: log each with its seed
-        and error to warnings.log, and the first few to stderr."""
-        for seed, message in failed:
-            line = f"mmgrpo: warning: step {self.step + 1}: env '{self.cfg.env.name}' failed to reset task seed {seed}: {message}; the task was left out"
-            shown = self.__dict__.setdefault("_failed_shown", [0])
-            if shown[0] < 5:
-                print(line, file=sys.stderr, flush=True)
-                shown[0] += 1
-            with (self.out / "warnings.log").open("a") as f:
-                f.write(line + "\n")
-
-    def _warn_failing_verifiers(self, scored, n: int) -> None:
-        """Say so, once per verifier, when a verifier fails on every episode of a step: its reward is then
-        0 everywhere, which trains on nothing while looking like a hard task."""
-        warned = self.__dict__.setdefault("_warned_verifiers", set())
-        for name, failed in scored.failures.items():
-            if failed >= n and name not in warned:
-                warned.add(name)
-                first = next((e for e in scored.errors if f"'{name}'" in e), "")
-                line = (
-                    f"mmgrpo: warning: verifier '{name}' failed on all {n} episodes of step {self.step + 1}; it "
-                    f"scores 0 for them. First error: {first}"
-                )
-                print(line, file=sys.stderr, flush=True)
-                with (self.out / "warnings.log").open("a") as f:
-                    f.write(line + "\n")
 
     def save_samples(self, batch, scored, step: int) -> Path:
         """Some of this step's episodes, as text with their rewards: output_dir/samples/step-N.jsonl."""
@@ -225,6 +239,7 @@ class Trainer:
                 row = {
                     "step": step,
                     "group": t.group,
+                    "seed": t.seed,
                     "prompt": _prompt_text(t.messages),
                     "completion": ep.completion,
                     "reward": float(scored.total[i]),
@@ -236,31 +251,24 @@ class Trainer:
 
     # --------------------------------------------------------------------------------------- one step
     def task_seeds(self, step: int) -> list[int]:
+        """The B task seeds of ``step`` (all processes): the task stream's position is the step."""
         B = self.cfg.grpo.tasks_per_step
         return [step * B + b for b in range(B)]
 
+    def local_seeds(self, step: int) -> list[int]:
+        """This process's whole groups of ``step``: tasks rank, rank + W, ..."""
+        return shard(self.task_seeds(step), self.rank, self.world)
+
     def train_step(self) -> dict[str, Any]:
+        """collect -> score -> advantages -> update, then one metrics record for the step."""
         g, policy = self.cfg.grpo, self.policy
         if g.beta > 0 and not policy.has_reference:
             policy.make_reference()  # the policy as GRPO starts (after any warm start) is the KL anchor
         t0 = time.perf_counter()
-        batch = rollout(
-            policy,
-            self.envs,
-            self.task_seeds(self.step),
-            group_size=g.group_size,
-            split="train",
-            max_new_tokens=g.max_new_tokens,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            max_turns=self.cfg.env.max_turns,
-            max_episode_tokens=self.cfg.env.max_episode_tokens,
-        )
+        batch = self.collect()
         t_rollout = time.perf_counter() - t0
-        self._report_failed_tasks(batch.failed_tasks)
         scored = self.rewards.score(batch.episodes)
-        self._warn_failing_verifiers(scored, len(batch.episodes))
+        self.account_faults(batch, scored)
         rewards = scored.total  # (N,)
         adv = group_advantages(
             rewards,
@@ -270,16 +278,100 @@ class Trainer:
             scale=g.scale,
             eps=g.adv_eps,
         )  # (N,) over each task's G rows, whatever their order
-        tokens = batch.tokens
-        N = len(tokens)
-        loss_mask = tokens.loss_mask  # (N, T)
-        num_tokens = int(loss_mask.sum())
+        problem = self.agree_finite(check_finite(self.step + 1, scored.per_verifier, adv))
+        t1 = time.perf_counter()
+        if problem is None:
+            stats, problem = self.update(batch.tokens, adv)
+        if problem is not None:
+            stats = self.skip_batch(problem)
+        record = self.step_record(batch, scored, adv, stats, t_rollout, time.perf_counter() - t1, t0)
+        self.step += 1
+        every = self.cfg.logging.samples_every
+        if every and self.step % every == 0 and self.is_main:
+            self.save_samples(batch, scored, self.step)
+        return record
+
+    def collect(self) -> RolloutBatch:
+        """Roll out this process's tasks of the step, G episodes each."""
+        g = self.cfg.grpo
+        seeds = self.local_seeds(self.step)
+        try:
+            batch = rollout(
+                self.policy,
+                self.envs,
+                seeds,
+                group_size=g.group_size,
+                split="train",
+                max_new_tokens=g.max_new_tokens,
+                temperature=g.temperature,
+                top_p=g.top_p,
+                top_k=g.top_k,
+                max_turns=self.cfg.env.max_turns,
+                max_episode_tokens=self.cfg.env.max_episode_tokens,
+            )
+            error = None
+        except EnvError as exc:  # every task of this process failed to reset
+            batch, error = None, str(exc)
+        errors = [e for e in gather_objects(self.accelerator, error) if e is not None]
+        if errors:  # on every process, so that none waits for the others
+            raise EnvError(f"step {self.step + 1}: {errors[0]}")
+        return batch
+
+    def account_faults(self, batch: RolloutBatch, scored) -> None:
+        """Count failed resets, failed env steps and verifier failures over all processes; stop past
+        faults.max_failure_frac."""
+        step = self.step + 1
+        local = {
+            "reset": batch.failed_tasks,
+            "tasks": len(batch.failed_tasks) + len(set(batch.group_ids)),
+            "step": [(t.seed, t.env_error) for t in batch.trajectories if t.env_error is not None],
+            "episodes": len(batch.trajectories),
+            "vfail": scored.failures,
+            "verrors": scored.errors,
+        }
+        parts = gather_objects(self.accelerator, local)
+        f = self.faults
+        f.env_reset_failures(step, [x for p in parts for x in p["reset"]], sum(p["tasks"] for p in parts))
+        f.env_step_failures(step, [x for p in parts for x in p["step"]], sum(p["episodes"] for p in parts))
+        vfail: dict[str, int] = {}
+        for p in parts:
+            for name, n in p["vfail"].items():
+                vfail[name] = vfail.get(name, 0) + n
+        f.verifier_failures(
+            step, vfail, [e for p in parts for e in p["verrors"]], sum(p["episodes"] for p in parts)
+        )
+
+    def agree_finite(self, problem: str | None) -> str | None:
+        """The first process's non-finite finding, on every process (they must all skip or all stop)."""
+        found = [p for p in gather_objects(self.accelerator, problem) if p is not None]
+        if found and self.cfg.faults.nonfinite == "stop":
+            raise NonFiniteError(
+                f"{found[0]}. Fix the verifier, or set faults.nonfinite=skip to skip such batches"
+            )
+        return found[0] if found else None
+
+    def skip_batch(self, problem: str) -> dict[str, float]:
+        """faults.nonfinite=skip: no update for this batch; counted and logged."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.faults.skipped_batch(self.step + 1, problem)
+        nan = float("nan")
+        return {"loss": nan, "kl": nan, "clip_frac": nan, "ratio_mean": nan, "grad_norm": nan, "skipped": 1}
+
+    def update(self, tokens: TokenBatch, adv: torch.Tensor) -> tuple[dict[str, float], str | None]:
+        """num_iterations optimizer steps on this step's rows; the loss is normalised by the global
+        token and sequence counts. Returns the loss statistics and, when the loss is not finite, what
+        went wrong (no optimizer step is taken then)."""
+        g, policy, acc = self.cfg.grpo, self.policy, self.accelerator
+        N_local = len(tokens)
+        loss_mask = tokens.loss_mask  # (n, T)
         # whole groups per micro-batch when they fit, so that each prompt is encoded once for its G rows
         size = g.micro_batch_size // g.group_size * g.group_size or g.micro_batch_size
-        mbs = [list(range(i, min(i + size, N))) for i in range(0, N, size)]
+        mbs = [list(range(i, min(i + size, N_local))) for i in range(0, N_local, size)]
         mb_tokens: list[TokenBatch] = [tokens.select(rows) for rows in mbs]  # padding trimmed per micro-batch
+        counts = global_counts(acc, N_local, int(loss_mask.sum()), len(mbs))  # (W, 3)
+        N, num_tokens = int(counts[:, 0].sum()), int(counts[:, 1].sum())
+        n_mb = int(counts[:, 2].max())  # every process runs as many backward passes (DDP syncs on the last)
 
-        t1 = time.perf_counter()
         ref_lp, old_lp = [], []
         with torch.no_grad():
             for mb in mb_tokens:
@@ -290,39 +382,60 @@ class Trainer:
                     policy.logprobs(mb, temperature=g.temperature) if g.num_iterations > 1 else None
                 )
 
-        stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0}
-        grad_norm = 0.0
+        stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "grad_norm": 0.0}
         policy.model.train()
         for _ in range(g.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for k, (rows, mb) in enumerate(zip(mbs, mb_tokens, strict=True)):
-                logp = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
-                out = grpo_loss(
-                    logp,
-                    old_lp[k],
-                    ref_lp[k],
-                    adv[rows].to(logp.device),
-                    mb.loss_mask.to(logp.device),
-                    clip_eps_low=g.clip_eps_low,
-                    clip_eps_high=g.clip_eps_high,
-                    beta=g.beta,
-                    aggregation=g.aggregation,
-                    importance=g.importance,
-                    dual_clip=g.dual_clip,
-                    num_sequences=N,
-                    num_tokens=num_tokens,
-                    max_new_tokens=g.max_new_tokens,
-                )
-                self.accelerator.backward(out.loss)
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            for k in range(n_mb):
+                real = k < len(mbs)
+                rows, mb = (mbs[k], mb_tokens[k]) if real else (mbs[0], mb_tokens[0])
+                sync = contextlib.nullcontext() if k == n_mb - 1 else acc.no_sync(policy.model)
+                with sync:
+                    logp = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
+                    if not real:  # a process with fewer micro-batches joins the others' gradient sync
+                        acc.backward(logp.sum() * 0.0)
+                        continue
+                    out = grpo_loss(
+                        logp,
+                        old_lp[k],
+                        ref_lp[k],
+                        adv[rows].to(logp.device),
+                        mb.loss_mask.to(logp.device),
+                        clip_eps_low=g.clip_eps_low,
+                        clip_eps_high=g.clip_eps_high,
+                        beta=g.beta,
+                        aggregation=g.aggregation,
+                        importance=g.importance,
+                        dual_clip=g.dual_clip,
+                        num_sequences=N,
+                        num_tokens=num_tokens,
+                        max_new_tokens=g.max_new_tokens,
+                    )
+                    # DDP averages gradients over the W processes; x W makes that the global-batch gradient
+                    acc.backward(out.loss * self.world if self.world > 1 else out.loss)
                 share = mb.loss_mask.sum().item() / max(num_tokens, 1) / g.num_iterations
+                loss_sum += float(out.loss.detach())
                 stats["loss"] += float(out.loss.detach()) / g.num_iterations
                 for key in ("kl", "clip_frac", "ratio_mean"):
                     stats[key] += float(getattr(out, key)) * share
-            grad_norm = float(self.accelerator.clip_grad_norm_(policy.model.parameters(), g.max_grad_norm))
+            total = float(global_counts_float(acc, float(loss_sum)))
+            if not math.isfinite(total):
+                return stats, (
+                    f"step {self.step + 1}: the loss is {total} (rewards and advantages were finite); "
+                    "likely a learning rate too high for this model (lower grpo.lr) or a reward of huge "
+                    "magnitude"
+                )
+            stats["grad_norm"] = float(acc.clip_grad_norm_(policy.model.parameters(), g.max_grad_norm))
             self.optimizer.step()
             self.scheduler.step()
-        t_train = time.perf_counter() - t1
+        return stats, None
 
+    def step_record(self, batch, scored, adv, stats, t_rollout: float, t_train: float, t0: float):
+        """The step's metrics over all processes (mmgrpo.distributed.reduce_records)."""
+        g = self.cfg.grpo
+        rewards = scored.total
+        N = len(batch.trajectories)
         lengths = [t.num_policy_tokens for t in batch.trajectories]
         record: dict[str, Any] = {
             "step": self.step + 1,
@@ -331,46 +444,43 @@ class Trainer:
             **group_stats(rewards, g.group_size),
             "adv_abs_mean": float(adv.abs().mean()),
             **stats,
-            "grad_norm": grad_norm,
             "lr": self.scheduler.get_last_lr()[0],
             "completion_len": sum(lengths) / len(lengths),
             "truncated_frac": sum(t.truncated for t in batch.trajectories) / N,
             "verifier_failures": sum(scored.failures.values()),
             "env_errors": sum(t.env_error is not None for t in batch.trajectories),
             "env_reset_failures": len(batch.failed_tasks),
+            "num_episodes": N,
             **(episode_metrics(batch.trajectories) if self.cfg.env.max_turns > 1 else {}),
             "rollout_time": t_rollout,
             "train_time": t_train,
             "step_time": time.perf_counter() - t0,
         }
-        self.step += 1
-        every = self.cfg.logging.samples_every
-        if every and self.step % every == 0:
-            self.save_samples(batch, scored, self.step)
-        return record
+        record = reduce_records(gather_objects(self.accelerator, record))
+        return {**record, **self.faults.metrics()}
 
     # -------------------------------------------------------------------------------------------- loop
     def train(self) -> dict[str, Any]:
-        """Run all steps; returns the last step's metrics."""
+        """Run the remaining steps; returns the last step's metrics. A stop request (signal) finishes the
+        current step, writes a checkpoint and raises :class:`TrainingStopped`."""
         from tqdm.auto import tqdm
 
         g = self.cfg.grpo
-        save_config(self.cfg, self.out / "config.yaml")
+        if self.is_main:
+            save_config(self.cfg, self.out / "config.yaml")
         record: dict[str, Any] = {}
         bar = tqdm(total=g.steps, initial=self.step, desc="grpo", unit="step", disable=not self.progress)
         while self.step < g.steps:
+            if self.agree_stop():
+                bar.close()
+                raise TrainingStopped(self.step, self.save_checkpoint())
             record = self.train_step()
-            if not math.isfinite(record["loss"]):
-                raise FloatingPointError(
-                    f"step {self.step}: loss is {record['loss']}; lower grpo.lr or raise grpo.beta "
-                    "(a loss that overflows usually means the policy moved too far in one step)"
-                )
-            if g.eval_every and self.step % g.eval_every == 0:
+            if g.eval_every and self.step % g.eval_every == 0 and self.is_main:
                 record["eval_accuracy"] = self.evaluate(g.eval_episodes).accuracy
             if self.step % g.log_every == 0 or self.step == g.steps:
                 self.log(record)
             if g.save_every and self.step % g.save_every == 0:
-                self.save(self.out / f"checkpoint-{self.step}")
+                self.save_checkpoint()
             bar.update(1)
             bar.set_postfix(
                 reward=f"{record['reward']:.2f}",
@@ -382,6 +492,34 @@ class Trainer:
         if self.cfg.logging.report_to:
             self.accelerator.end_training()
         return record
+
+    def agree_stop(self) -> bool:
+        """Whether any process was asked to stop (all processes must stop at the same step)."""
+        return any(gather_objects(self.accelerator, self.stop_requested))
+
+    def save_checkpoint(self) -> Path:
+        """output_dir/checkpoint-{step}: everything needed to continue this run exactly (mmgrpo.checkpoint)."""
+        path = self.out / f"checkpoint-{self.step}"
+        if (path / "mmgrpo_state.json").is_file() and read_state(path)["step"] == self.step:
+            return path  # already written at this step
+        return save_checkpoint(self, path, keep_last=self.cfg.grpo.keep_checkpoints)
+
+    def resume(self, path: Path) -> dict[str, Any]:
+        """Continue from checkpoint ``path``: weights, optimizer, scheduler, RNG states, reference, step
+        and fault counters restored; metrics.jsonl cut back to the steps the checkpoint had done."""
+        state = load_checkpoint(self, path)
+        if self.is_main:
+            changed = config_differences(state.get("config", {}), self.flat_config)
+            if changed:
+                print(
+                    f"mmgrpo: warning: resuming {path} with a changed config ({'; '.join(changed[:5])}); "
+                    "the continuation will not match an uninterrupted run",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            truncate_metrics(self.metrics_path, self.step)
+        self.accelerator.wait_for_everyone()
+        return state
 
     def evaluate(self, episodes: int | None = None):
         """Held-out accuracy of the current policy (eval split, settings from ``cfg.eval``)."""
@@ -420,12 +558,40 @@ class Trainer:
         )
 
     def save(self, out_dir: Path) -> None:
+        """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""
         save_run(self.accelerator, self.policy, self.cfg, out_dir)
+
+
+def global_counts_float(accelerator, value: float) -> float:
+    """The sum of ``value`` over processes (no collective with one process)."""
+    if accelerator.num_processes == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=accelerator.device)
+    return float(accelerator.reduce(t, reduction="sum"))
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop the GRPO lines of steps after ``step`` (done again after a resume), atomically; warm-start
+    lines stay."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill
+        if "stage" in rec or int(rec.get("step", 0)) <= step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    tmp.replace(path)
 
 
 def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
     """The model (a LoRA run: the adapter, or the merged model with model.lora.save=merged), its processor
-    and the resolved config, as ``mmgrpo eval`` and ``model.path`` read them.
+    and the resolved config, as ``mmgrpo eval`` and ``model.path`` read them. The main process writes;
+    under FSDP or DeepSpeed every process first takes part in gathering the full weights.
 
     Atomic: everything is written to ``<out_dir>.partial`` and renamed into place only when complete, so a
     save that fails (a full disk, a kill) never leaves an ``out_dir`` that looks like a model and is not,
@@ -433,15 +599,29 @@ def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
     """
     import shutil
 
+    from accelerate.utils import DistributedType
+
     from mmgrpo.model_io import save_model
 
+    state_dict = None
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        state_dict = accelerator.get_state_dict(policy.model)  # a collective: every process calls it
+    if not accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+        return
     out_dir = Path(out_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model = accelerator.unwrap_model(policy.model)
     lo = cfg.model.lora
     try:
-        save_model(model, policy.processor, partial, merged=lo is not None and lo.save == "merged")
+        save_model(
+            model,
+            policy.processor,
+            partial,
+            merged=lo is not None and lo.save == "merged",
+            state_dict=state_dict,
+        )
         save_config(cfg, partial / "mmgrpo_config.yaml")
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
@@ -456,6 +636,7 @@ def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
         out_dir.rename(old)
     partial.rename(out_dir)
     shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
 
 
 def flat_config(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +61,23 @@ def train_small(small_run):
         return [r for r in records if "stage" not in r], records
 
     return run
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny VLM after 40 steps of the counting demo's format warm start: its samples get rewards that
+    differ within a group (about a third are in the answer format), so GRPO steps have real gradients."""
+    from mmgrpo.config import load_config
+    from mmgrpo.trainer import Trainer
+
+    out = tmp_path_factory.mktemp("warm")
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={out / 'run'}",
+        "grpo.steps=0",
+        "warm_start.steps=40",
+    ]
+    trainer = Trainer(load_config(ROOT / "examples" / "counting_tiny.yaml", sets), progress=False)
+    trainer.warm_start()
+    trainer.save(out / "model")
+    return out / "model"

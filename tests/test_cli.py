@@ -11,7 +11,7 @@ from mmgrpo.cli import main
 from mmgrpo.config import config_reference, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))  # mmgrpo configs (accelerate/ holds launch configs)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -167,24 +167,69 @@ def test_a_second_train_into_a_run_refuses_unless_overwrite(tiny_model_dir, tmp_
     assert steps == [1, 2]  # the new run's steps only, not 1 2 1 2
 
 
-def test_ctrl_c_keeps_the_model_and_curves_and_exits_130(
+def test_ctrl_c_finishes_the_step_saves_a_checkpoint_and_resume_completes_the_run(
     tiny_model_dir, tmp_path, small_run, capsys, monkeypatch
 ):
+    """A real SIGINT during step 2: the step finishes, checkpoint-2 is written, one line says how to
+    resume, exit 130; --resume then runs step 3 only and metrics.jsonl holds each step once."""
+    import os
+    import signal
+
     from mmgrpo.trainer import Trainer
 
     real = Trainer.train_step
 
-    def interrupted_at_step_2(self):
+    def signalled_in_step_2(self):
         if self.step == 1:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
         return real(self)
 
-    monkeypatch.setattr(Trainer, "train_step", interrupted_at_step_2)
+    monkeypatch.setattr(Trainer, "train_step", signalled_in_step_2)
     cfg = str(ROOT / "examples" / "counting_tiny.yaml")
     out = tmp_path / "run"
-    sets = small_run(f"model.path={tiny_model_dir}", f"output_dir={out}", "warm_start.steps=0")
-    assert main(["train", cfg, *sets, "--no-progress"]) == 130
+    sets = small_run(
+        f"model.path={tiny_model_dir}", f"output_dir={out}", "warm_start.steps=0", "grpo.steps=3"
+    )
+    assert main(["train", cfg, *sets, "--no-progress"]) == 128 + signal.SIGINT
     err = capsys.readouterr().err
-    assert "interrupted after 1 GRPO steps" in err and "Traceback" not in err
-    assert (out / "interrupted" / "model.safetensors").is_file() and (out / "curves.png").is_file()
+    assert "SIGINT: finishing step 2, then saving a checkpoint" in err and "Traceback" not in err
+    assert f"stopped after step 2 of 3; checkpoint in {out / 'checkpoint-2'}" in err and "--resume" in err
+    assert (out / "checkpoint-2" / "model.safetensors").is_file() and (out / "curves.png").is_file()
     assert not (out / "final").exists()
+    monkeypatch.setattr(Trainer, "train_step", real)
+    assert main(["train", cfg, *sets, "--no-progress"]) == 2  # a run is there: --resume or --overwrite
+    assert "Pass --resume to continue it" in capsys.readouterr().err
+    assert main(["train", cfg, *sets, "--no-progress", "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().err
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3] and (out / "final" / "model.safetensors").is_file()
+
+
+def test_ctrl_c_in_the_warm_start_keeps_the_model_so_far(
+    tiny_model_dir, tmp_path, small_run, capsys, monkeypatch
+):
+    import os
+    import signal
+
+    from mmgrpo.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "warm_start", lambda self: os.kill(os.getpid(), signal.SIGINT))
+    cfg = str(ROOT / "examples" / "counting_tiny.yaml")
+    out = tmp_path / "run"
+    assert (
+        main(["train", cfg, *small_run(f"model.path={tiny_model_dir}", f"output_dir={out}"), "--no-progress"])
+        == 130
+    )
+    assert "interrupted during the warm start" in capsys.readouterr().err
+    assert (out / "interrupted" / "model.safetensors").is_file() and not (out / "final").exists()
+
+
+def test_resume_without_a_checkpoint_says_so(tiny_model_dir, tmp_path, small_run, capsys):
+    cfg = str(ROOT / "examples" / "counting_tiny.yaml")
+    sets = small_run(f"model.path={tiny_model_dir}", f"output_dir={tmp_path / 'none'}")
+    assert main(["train", cfg, *sets, "--resume"]) == 2
+    assert "holds no complete checkpoint-N to resume from" in capsys.readouterr().err
+    assert main(["train", cfg, *sets, "--resume", str(tmp_path / "nowhere")]) == 2
+    assert "no such checkpoint folder" in capsys.readouterr().err
+    assert main(["train", cfg, *sets, "--resume", "--overwrite"]) == 2
+    assert "give one" in capsys.readouterr().err

@@ -146,8 +146,9 @@ def test_a_verifier_failing_on_every_episode_is_reported_once(tiny_model_dir, tm
     trainer.train_step()
     trainer.train_step()
     err = capsys.readouterr().err
-    assert err.count("verifier 'test_broken' failed on all 8 episodes of step 1") == 1
-    assert "KeyError" in err and "step 2" not in err
+    assert err.count("step 1: verifier 'test_broken' failed on all 8 episodes, so it scores 0") == 1
+    assert err.count("first 'KeyError' failure of verifier 'test_broken'") == 1
+    assert "step 2" not in err
     assert "test_broken" in (tmp_path / "warnings.log").read_text()
 
 
@@ -164,8 +165,10 @@ def test_a_failed_final_save_leaves_the_earlier_one_intact(tiny_model_dir, tmp_p
     before = (tmp_path / "final" / "model.safetensors").read_bytes()
     real = model_io.save_model
 
-    def fill_disk(model, processor, out, merged=False):
-        real(model, processor, out, merged=merged)  # the weights are written, then the disk is full
+    def fill_disk(model, processor, out, merged=False, state_dict=None):
+        real(
+            model, processor, out, merged=merged, state_dict=state_dict
+        )  # the weights are written, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(model_io, "save_model", fill_disk)

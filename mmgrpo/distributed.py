@@ -1,0 +1,81 @@
+"""What changes when ``accelerate launch`` runs the trainer on W processes.
+
+Process r of W takes tasks r, r+W, r+2W, ... of each step's B tasks, whole groups, so every group's
+advantages are computed where all of its G rewards are (exact, no gather needed). The loss of each process
+is normalised by the global token and sequence counts and multiplied by W, because DDP averages gradients
+over processes: the averaged gradient is then the gradient of the single-process loss over the global
+batch. Metrics are reduced here; only the main process writes files.
+
+With one process every function here returns its input unchanged and no collective runs, so a
+single-process run computes exactly what it computed before multi-process support.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SUM_KEYS = frozenset(
+    {
+        "loss",  # each process's share is normalised by the global counts: the sum is the global loss
+        "kl",  # token-share weighted on each process
+        "clip_frac",
+        "ratio_mean",
+        "verifier_failures",
+        "env_errors",
+        "env_reset_failures",
+        "num_episodes",
+    }
+)
+FIRST_KEYS = frozenset({"step", "grad_norm", "lr", "skipped"})  # the same on every process
+MAX_KEYS = frozenset({"rollout_time", "train_time", "step_time"})  # the step waits for the slowest
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """Process ``rank``'s share of ``items``: every ``world``-th one, starting at ``rank``."""
+    return items[rank::world]
+
+
+def gather_objects(accelerator, obj: Any) -> list[Any]:
+    """``obj`` of every process, in rank order (no collective with one process)."""
+    if accelerator.num_processes == 1:
+        return [obj]
+    from accelerate.utils import gather_object
+
+    return gather_object([obj])
+
+
+def global_counts(accelerator, *values: int) -> torch.Tensor:
+    """Each process's integers, gathered: (W, len(values)) (no collective with one process)."""
+    local = torch.tensor([list(values)], dtype=torch.long, device=accelerator.device)  # (1, k)
+    if accelerator.num_processes == 1:
+        return local.cpu()
+    return accelerator.gather(local).cpu()  # (W, k)
+
+
+def reduce_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One metrics record from each process's record of the same step.
+
+    Sums for the keys in SUM_KEYS, the first process's value for FIRST_KEYS, the maximum for times and
+    the mean weighted by each process's ``num_episodes`` for the rest (rewards, lengths, shares); a key
+    some processes lack is averaged over those that have it.
+    """
+    if len(records) == 1:
+        return records[0]
+    out: dict[str, Any] = {}
+    keys = [k for r in records for k in r]
+    for key in dict.fromkeys(keys):  # first-seen order
+        have = [r for r in records if key in r]
+        values = [r[key] for r in have]
+        if key in FIRST_KEYS or not all(isinstance(v, (int, float)) for v in values):
+            out[key] = values[0]
+        elif key in SUM_KEYS:
+            out[key] = sum(values)
+        elif key in MAX_KEYS:
+            out[key] = max(values)
+        else:
+            weights = [r.get("num_episodes", 1) for r in have]
+            total = sum(weights)
+            out[key] = sum(w * v for w, v in zip(weights, values, strict=True)) / total if total else 0.0
+    return out
