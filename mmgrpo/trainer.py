@@ -182,6 +182,7 @@ class Trainer:
             self.policy.freeze_vision()
         acc = self.accelerator
         self.rank, self.world, self.is_main = acc.process_index, acc.num_processes, acc.is_main_process
+        check_engine(acc, g, self.world)
         if g.tasks_per_step < self.world:
             raise ConfigError(
                 f"grpo.tasks_per_step={g.tasks_per_step} is fewer than the {self.world} processes: each process "
@@ -267,18 +268,21 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self.collect()
         t_rollout = time.perf_counter() - t0
-        scored = self.rewards.score(batch.episodes)
+        scored = self.rewards.score(batch.episodes, keep_nonfinite=True)  # NaN: stop or skip, not 0
         self.account_faults(batch, scored)
         rewards = scored.total  # (N,)
-        adv = group_advantages(
-            rewards,
-            g.group_size,
-            group_ids=batch.group_ids,
-            baseline=g.baseline,
-            scale=g.scale,
-            eps=g.adv_eps,
-        )  # (N,) over each task's G rows, whatever their order
-        problem = self.agree_finite(check_finite(self.step + 1, scored.per_verifier, adv))
+        problem = self.agree_finite(check_finite(self.step + 1, scored.per_verifier))
+        adv = torch.zeros_like(rewards)  # (N,)
+        if problem is None:
+            adv = group_advantages(
+                rewards,
+                g.group_size,
+                group_ids=batch.group_ids,
+                baseline=g.baseline,
+                scale=g.scale,
+                eps=g.adv_eps,
+            )  # (N,) over each task's G rows, whatever their order
+            problem = self.agree_finite(check_finite(self.step + 1, {}, adv))
         t1 = time.perf_counter()
         if problem is None:
             stats, problem = self.update(batch.tokens, adv)
@@ -426,7 +430,8 @@ class Trainer:
                     "likely a learning rate too high for this model (lower grpo.lr) or a reward of huge "
                     "magnitude"
                 )
-            stats["grad_norm"] = float(acc.clip_grad_norm_(policy.model.parameters(), g.max_grad_norm))
+            norm = acc.clip_grad_norm_(policy.model.parameters(), g.max_grad_norm)
+            stats["grad_norm"] = float(norm) if norm is not None else float("nan")  # DeepSpeed clips itself
             self.optimizer.step()
             self.scheduler.step()
         return stats, None
@@ -441,7 +446,11 @@ class Trainer:
             "step": self.step + 1,
             "reward": float(rewards.mean()),
             **{f"reward/{k}": float(v.mean()) for k, v in scored.per_verifier.items()},
-            **group_stats(rewards, g.group_size),
+            **(
+                group_stats(rewards, g.group_size)
+                if bool(torch.isfinite(rewards).all())
+                else {"reward_std_within_group": float("nan"), "frac_zero_std_groups": float("nan")}
+            ),
             "adv_abs_mean": float(adv.abs().mean()),
             **stats,
             "lr": self.scheduler.get_last_lr()[0],
@@ -560,6 +569,36 @@ class Trainer:
     def save(self, out_dir: Path) -> None:
         """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""
         save_run(self.accelerator, self.policy, self.cfg, out_dir)
+
+
+def check_engine(accelerator, g, world: int) -> None:
+    """Refuse, with the reason and what to use instead, the engines this trainer cannot drive correctly.
+
+    Sharded parameters (FSDP, DeepSpeed ZeRO-3) make every forward pass a collective, so all processes
+    would have to decode in lockstep (the same number of tokens and turns); the sampler does not do that
+    yet, and the frozen reference copy would be a copy of a shard. DeepSpeed (ZeRO-2) steps its optimizer
+    inside each backward, so one step's rows must be one micro-batch.
+    """
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    zero3 = kind == DistributedType.DEEPSPEED and plugin is not None and plugin.zero_stage == 3
+    if kind == DistributedType.FSDP or zero3:
+        name = "FSDP" if kind == DistributedType.FSDP else "DeepSpeed ZeRO-3"
+        raise ConfigError(
+            f"{name} shards the parameters, and mmgrpo's sampler cannot decode in lockstep across processes "
+            "yet. Use DDP (examples/accelerate/ddp_multi_gpu.yaml) or DeepSpeed ZeRO-2 "
+            "(deepspeed_zero2.yaml); for a model too large for them, train LoRA adapters (model.lora) with DDP."
+        )
+    if kind == DistributedType.DEEPSPEED:
+        rows = -(-g.tasks_per_step // world) * g.group_size  # a process's episodes per step
+        if g.micro_batch_size < rows:
+            raise ConfigError(
+                f"DeepSpeed steps its optimizer in every backward pass, so a step's {rows} episodes per "
+                f"process must be one micro-batch: set grpo.micro_batch_size >= {rows}"
+            )
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = rows
 
 
 def global_counts_float(accelerator, value: float) -> float:

@@ -231,8 +231,11 @@ class Rewards:
         parts = ", ".join(f"{v.name}*{v.weight:g}" for v in self.verifiers)
         return f"Rewards([{parts}], include_env_reward={self.include_env_reward})"
 
-    def score(self, episodes: Sequence[Episode]) -> RewardBreakdown:
-        """Score every episode with every verifier; see the module docstring for the formula."""
+    def score(self, episodes: Sequence[Episode], *, keep_nonfinite: bool = False) -> RewardBreakdown:
+        """Score every episode with every verifier; see the module docstring for the formula.
+
+        A NaN or infinite value is a failure scored 0.0, unless ``keep_nonfinite``: then it is kept as it
+        is, for the trainer to stop on (or skip the batch), naming the verifier (faults.nonfinite)."""
         import torch
 
         episodes = list(episodes)
@@ -242,7 +245,7 @@ class Rewards:
         per_verifier: dict[str, torch.Tensor] = {}
         total = [0.0] * n
         for v in self.verifiers:
-            values, failed = _score_forgiving(v, episodes, errors)
+            values, failed = _score_forgiving(v, episodes, errors, keep_nonfinite)
             failures[v.name] = failed
             per_verifier[v.name] = torch.tensor(values, dtype=torch.float32)  # (N,)
             for i, value in enumerate(values):
@@ -276,8 +279,11 @@ def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, VerifierError) else f"{type(exc).__name__}: {exc}"
 
 
-def _score_forgiving(v: Verifier, episodes: list[Episode], errors: list[str]) -> tuple[list[float], int]:
-    """(values, number failed): a failure scores 0.0 and leaves a message in ``errors``."""
+def _score_forgiving(
+    v: Verifier, episodes: list[Episode], errors: list[str], keep_nonfinite: bool = False
+) -> tuple[list[float], int]:
+    """(values, number failed): a failure scores 0.0 and leaves a message in ``errors``; with
+    ``keep_nonfinite`` a NaN or infinite number is returned as it is, not counted as a failure."""
     n = len(episodes)
     if v.batched:
         try:
@@ -297,6 +303,9 @@ def _score_forgiving(v: Verifier, episodes: list[Episode], errors: list[str]) ->
     for i, value in enumerate(raw):
         if isinstance(value, _Failed):
             message = value.message
+        elif keep_nonfinite and isinstance(value, numbers.Real) and not math.isfinite(float(value)):
+            values.append(float(value))
+            continue
         else:
             try:
                 values.append(_as_float(value, v.name, i))

@@ -22,8 +22,8 @@ def main(out: Path, sets: list[str]) -> None:
     real_collect, real_update, real_step = trainer.collect, trainer.update, trainer.optimizer.step
     real_score = trainer.rewards.score
 
-    def score(episodes):
-        scored = real_score(episodes)
+    def score(episodes, **kwargs):
+        scored = real_score(episodes, **kwargs)
         if trainer.step == 0:
             seen["rewards"] = scored.total.clone()
         return scored

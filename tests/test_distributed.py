@@ -148,3 +148,38 @@ def test_two_processes_split_the_groups_and_match_one_process(warm_model_dir, tm
     resumed = _grpo_lines(run / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert resumed[:2] == first
+
+
+def test_sharded_engines_are_refused_and_deepspeed_gets_one_micro_batch():
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from mmgrpo.config import GRPOConfig
+    from mmgrpo.errors import ConfigError
+    from mmgrpo.trainer import check_engine
+
+    g = GRPOConfig(tasks_per_step=4, group_size=8, micro_batch_size=16)
+    fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace())
+    with pytest.raises(ConfigError, match="FSDP shards the parameters.*Use DDP"):
+        check_engine(fsdp, g, 2)
+    plugin = SimpleNamespace(zero_stage=3, deepspeed_config={})
+    ds = SimpleNamespace(
+        distributed_type=DistributedType.DEEPSPEED, state=SimpleNamespace(deepspeed_plugin=plugin)
+    )
+    with pytest.raises(ConfigError, match="DeepSpeed ZeRO-3 shards"):
+        check_engine(ds, g, 2)
+    plugin.zero_stage = 2
+    check_engine(ds, g, 2)  # 2 tasks x G=8 = 16 episodes per process: one micro-batch of 16
+    assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 16
+    with pytest.raises(ConfigError, match="set grpo.micro_batch_size >= 32"):
+        check_engine(ds, g, 1)
+    check_engine(SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, state=SimpleNamespace()), g, 2)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "examples" / "accelerate").glob("*.yaml")))
+def test_accelerate_configs_load_with_accelerates_own_loader(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    cfg = load_config_from_file(str(ROOT / "examples" / "accelerate" / name))
+    assert cfg.num_processes >= 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -215,3 +217,66 @@ def test_when_every_task_fails_to_reset_the_error_names_them(tiny_model_dir, tmp
     )
     with pytest.raises(EnvError, match="raised in reset\\(\\) for every task .*seed 0: FileNotFoundError"):
         trainer.train_step()
+
+
+class _StepFailsOnSeed(CountingEnv):
+    """Counting scenes whose step() raises for the task seeds in ``bad`` (a crashing tool, say)."""
+
+    def __init__(self, bad=(1,), **kwargs):
+        super().__init__(**kwargs)
+        self.bad, self.seed_now = set(bad), None
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_now = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.seed_now in self.bad:
+            raise RuntimeError(f"tool crashed on scene {self.seed_now}")
+        return super().step(action)
+
+
+def test_env_step_failures_are_counted_and_logged_and_past_the_share_stop_the_run(
+    warm_model_dir, tmp_path, capsys
+):
+    """The warm-started model ends its turns (a random one is cut at max_new_tokens and never reaches
+    env.step), so the env's step runs and raises for seed 1's episodes; the others go on."""
+    from mmgrpo.errors import FaultError
+
+    register_env("test_step_fails", _StepFailsOnSeed, overwrite=True)
+    sets = ("env.name=test_step_fails", VARIED, "grpo.max_new_tokens=8")
+    trainer = _trainer(warm_model_dir, tmp_path, *sets)
+    record = trainer.train_step()  # seeds 0 and 1: the stepped episodes of seed 1 end in the env's error
+    assert record["env_errors"] >= 1 and record["faults/env_step"] == record["env_errors"]
+    assert "raised in step() on task seed 1: RuntimeError: tool crashed on scene 1" in capsys.readouterr().err
+    assert "task seed 1" in (tmp_path / "warnings.log").read_text()
+    strict = _trainer(warm_model_dir, tmp_path / "strict", *sets, "faults.max_failure_frac=0.1")
+    with pytest.raises(FaultError, match="faults.max_failure_frac"):
+        strict.train_step()  # at least 1 of 8 episodes > 0.1
+
+
+def _nan_for_long(**_):
+    def fn(episode):
+        return float("nan") if len(episode.completion) > 3 else 0.5
+
+    return fn
+
+
+def test_a_nan_reward_stops_the_run_naming_the_verifier_or_skips_the_batch(tiny_model_dir, tmp_path):
+    from mmgrpo.errors import NonFiniteError
+
+    register_verifier("test_nan", _nan_for_long, overwrite=True)
+    trainer = _trainer(tiny_model_dir, tmp_path, "verifiers=[{name: test_length}, {name: test_nan}]")
+    with pytest.raises(NonFiniteError, match="step 1: verifier 'test_nan' returned nan for"):
+        trainer.train_step()
+    skipping = _trainer(
+        tiny_model_dir,
+        tmp_path / "skip",
+        "verifiers=[{name: test_length}, {name: test_nan}]",
+        "faults.nonfinite=skip",
+    )
+    before = [p.detach().clone() for p in skipping.policy.model.parameters()]
+    record = skipping.train_step()
+    assert record["skipped"] == 1 and record["faults/skipped_batches"] == 1 and math.isnan(record["loss"])
+    assert all(torch.equal(a, b) for a, b in zip(before, skipping.policy.model.parameters(), strict=True))
+    assert "skipped" in (tmp_path / "skip" / "warnings.log").read_text()
