@@ -146,3 +146,35 @@ def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one(
         "checkpoint-6",
     ]
     _assert_same(_lines(out), uninterrupted, "killed while writing checkpoint-2")
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resume_in_one_process_repeats_the_next_steps_exactly(warm_model_dir, tmp_path, lora):
+    """Through the Python API: train 3 steps with a checkpoint per step; a new Trainer resumed from
+    checkpoint-1 writes steps 2 and 3 exactly as the first one did (with LoRA the checkpoint holds the
+    adapter, and the reference is the base model)."""
+    from mmgrpo.config import load_config
+    from mmgrpo.trainer import Trainer
+
+    sets = [
+        f"model.path={warm_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "warm_start.steps=0",
+        "grpo.steps=3",
+        "grpo.tasks_per_step=2",
+        "grpo.group_size=4",
+        "grpo.save_every=1",
+        "grpo.keep_checkpoints=3",
+        *(["model.lora={r: 4, alpha: 8}", "grpo.lr=1e-3"] if lora else []),
+    ]
+    cfg = load_config(CONFIG, sets)
+    Trainer(cfg, progress=False).train()
+    first = _lines(tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    assert (ckpt / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
+    assert (ckpt / "reference.safetensors").is_file() != lora  # LoRA's reference is the base: no copy
+    again = Trainer(cfg, progress=False)
+    again.resume(ckpt)
+    assert again.step == 1 and [r["step"] for r in _lines(tmp_path / "run")] == [1]  # cut back
+    again.train()
+    assert _lines(tmp_path / "run") == first and any(r["grad_norm"] > 0 for r in first)
