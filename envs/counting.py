@@ -11,6 +11,14 @@ train seeds map to even scene seeds and eval seeds to odd ones, so no train seed
 
 The answer is the number of objects of the target kind (shape and colour); distractors are never that kind
 but may share its shape or its colour, which is what makes them distractors.
+
+Cluttered counting: with ``target_shape`` and ``target_color`` left None (the default) every scene draws its
+own target kind, which the question names ("How many blue squares are in the image?"). ``min_distractors``
+sets a floor on the number of distractors (uniform in ``[min_distractors, distractors]``), and
+``near_misses=True`` makes every scene with distractors include near misses: a distractor of the target's shape
+in another colour and one of the target's colour in another shape (one of the two, at random, when the scene
+has a single distractor). With both options at their defaults the scenes are those of earlier versions, seed
+for seed.
 """
 
 from __future__ import annotations
@@ -94,7 +102,13 @@ class CountingEnv(SingleTurnEnv):
         target_shape, target_color: None draws the target kind per scene from ``shapes`` / ``colors``;
             a name fixes it for every scene.
         distractors: the most objects of other kinds per scene; the actual number is uniform in
-            ``[0, distractors]`` and each distractor kind is drawn from ``shapes x colors`` minus the target.
+            ``[min_distractors, distractors]`` and each distractor kind is drawn from ``shapes x colors`` minus
+            the target.
+        min_distractors: the fewest distractors per scene, ``0 <= min_distractors <= distractors`` (default 0).
+        near_misses: when True, a scene with distractors always holds a near miss of each sort: one of the
+            target's shape in another colour, one of the target's colour in another shape (a single distractor
+            is one of the two, at random); the others are drawn as above. Needs every possible target's shape
+            in ``shapes`` and colour in ``colors``, and at least two of each (default False).
         background: ``"white"``, ``"black"`` or ``"gray"``.
         object_scale: object size as a fraction of the cell side, in (0, 1] (default 0.7).
         system_prompt: the system message.
@@ -117,6 +131,8 @@ class CountingEnv(SingleTurnEnv):
         target_shape: str | None = None,
         target_color: str | None = None,
         distractors: int = 0,
+        min_distractors: int = 0,
+        near_misses: bool = False,
         background: str = "white",
         object_scale: float = 0.7,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
@@ -142,6 +158,16 @@ class CountingEnv(SingleTurnEnv):
                 f"cell needs max_count + distractors <= grid * grid = {grid * grid}; lower max_count or "
                 "distractors, or raise grid"
             )
+        self.min_distractors = _int("min_distractors", min_distractors, 0)
+        if min_distractors > distractors:
+            raise ConfigError(
+                f"CountingEnv(min_distractors={min_distractors}, distractors={distractors}): the number of "
+                "distractors is uniform in [min_distractors, distractors], so min_distractors must be <= "
+                f"distractors; raise distractors to at least {min_distractors} or lower min_distractors"
+            )
+        if not isinstance(near_misses, bool):
+            raise ConfigError(f"CountingEnv(near_misses={near_misses!r}): expected true or false")
+        self.near_misses = near_misses
         self.shapes = _names("shapes", shapes, SHAPES, "shape")
         self.colors = _names("colors", colors, tuple(PALETTE), "color")
         self.target_shape = (
@@ -178,6 +204,33 @@ class CountingEnv(SingleTurnEnv):
                         f"CountingEnv(distractors={distractors}): no distractor kind differs from the target "
                         f"{kind[1]} {kind[0]}; add shapes or colors, or set distractors=0"
                     )
+                if near_misses:
+                    self._check_near_misses(kind)
+
+    def _check_near_misses(self, target: tuple[str, str]) -> None:
+        shape, color = target
+        same_shape, same_color = self._near_miss_kinds(target)
+        if same_shape and same_color:
+            return
+        if not same_shape:
+            what, why = (
+                f"a {shape} in another colour",
+                f"shapes={list(self.shapes)} lacks {shape!r}"
+                if shape not in self.shapes
+                else f"colors={list(self.colors)} has no colour but {color!r}",
+            )
+        else:
+            what, why = (
+                f"a {color} object of another shape",
+                f"colors={list(self.colors)} lacks {color!r}"
+                if color not in self.colors
+                else f"shapes={list(self.shapes)} has no shape but {shape!r}",
+            )
+        raise ConfigError(
+            f"CountingEnv(near_misses=True): the target {color} {shape} has no near miss, since no distractor "
+            f"can be {what} ({why}); near misses need every target shape in shapes and every target colour in "
+            "colors, with at least two shapes and two colors; fix those or set near_misses=false"
+        )
 
     @property
     def _target_shapes(self) -> tuple[str, ...]:
@@ -190,19 +243,48 @@ class CountingEnv(SingleTurnEnv):
     def _other_kinds(self, target: tuple[str, str]) -> list[tuple[str, str]]:
         return [k for k in product(self.shapes, self.colors) if k != target]
 
-    def make_task(self, seed: int, split: str) -> Task:
+    def _near_miss_kinds(
+        self, target: tuple[str, str]
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """The distractor kinds of the target's shape in another colour, and of its colour in another shape."""
+        shape, color = target
+        others = self._other_kinds(target)
+        return [k for k in others if k[0] == shape], [k for k in others if k[1] == color]
+
+    def layout(self, seed: int, split: str = "train") -> tuple[tuple[str, str], int, list[dict[str, Any]]]:
+        """The scene of ``(seed, split)`` before drawing: the target kind ``(shape, color)``, the drawn count
+        (the answer) and every object as ``{"shape", "color", "cell", "box"}``, the ``count`` targets first,
+        then the distractors (``box`` as in ``info["boxes"]``)."""
         rng = random.Random(scene_seed(seed, split))
         shape = rng.choice(self._target_shapes)
         color = rng.choice(self._target_colors)
         count = rng.randint(self.min_count, self.max_count)
-        num_distractors = rng.randint(0, self.distractors)
+        num_distractors = rng.randint(self.min_distractors, self.distractors)
         cells = rng.sample(range(self.grid * self.grid), count + num_distractors)
         others = self._other_kinds((shape, color))
-        kinds = [(shape, color)] * count + [rng.choice(others) for _ in range(num_distractors)]
+        if self.near_misses and num_distractors > 0:
+            same_shape, same_color = self._near_miss_kinds((shape, color))
+            if num_distractors == 1:
+                near = [rng.choice(rng.choice((same_shape, same_color)))]
+            else:
+                near = [rng.choice(same_shape), rng.choice(same_color)]
+            distractor_kinds = near + [rng.choice(others) for _ in range(num_distractors - len(near))]
+        else:
+            distractor_kinds = [rng.choice(others) for _ in range(num_distractors)]
+        kinds = [(shape, color)] * count + distractor_kinds
+        objects = [
+            {"shape": k[0], "color": k[1], "cell": cell, "box": self._box(cell)}
+            for cell, k in zip(cells, kinds, strict=True)
+        ]
+        return (shape, color), count, objects
+
+    def make_task(self, seed: int, split: str) -> Task:
+        (shape, color), count, objects = self.layout(seed, split)
+        num_distractors = len(objects) - count
 
         image = Image.new("RGB", (self.image_size, self.image_size), BACKGROUNDS[self.background])
         draw = ImageDraw.Draw(image)
-        boxes = [self._draw(draw, cell, kind) for cell, kind in zip(cells, kinds, strict=True)]
+        boxes = [self._draw(draw, o["cell"], (o["shape"], o["color"])) for o in objects]
         question = self.question.format(color=color, shape=shape)
         messages = [system(self.system_prompt), user(image_part(image), text_part(question))]
         info = {
@@ -214,14 +296,19 @@ class CountingEnv(SingleTurnEnv):
         }
         return Task(messages=messages, info=info)
 
-    def _draw(self, draw: ImageDraw.ImageDraw, cell: int, kind: tuple[str, str]) -> list[int]:
-        """Draw one object centred in ``cell``; return its box [x0, y0, x1, y1] in pixel edges (x1, y1 exclusive)."""
-        shape, color = kind
+    def _box(self, cell: int) -> list[int]:
+        """The box [x0, y0, x1, y1] of the object in ``cell``, in pixel edges (x1, y1 exclusive)."""
         side = self.image_size / self.grid
         row, col = divmod(cell, self.grid)
         cx, cy, r = (col + 0.5) * side, (row + 0.5) * side, self.object_scale * side / 2
-        box = [round(cx - r), round(cy - r), round(cx + r) - 1, round(cy + r) - 1]
-        x0, y0, x1, y1 = box
+        return [round(cx - r), round(cy - r), round(cx + r), round(cy + r)]
+
+    def _draw(self, draw: ImageDraw.ImageDraw, cell: int, kind: tuple[str, str]) -> list[int]:
+        """Draw one object centred in ``cell``; return its box [x0, y0, x1, y1] in pixel edges (x1, y1 exclusive)."""
+        shape, color = kind
+        x0, y0, x1, y1 = self._box(cell)
+        x1, y1 = x1 - 1, y1 - 1
+        box = [x0, y0, x1, y1]
         fill = PALETTE[color]
         if shape == "circle":
             draw.ellipse(box, fill=fill)
