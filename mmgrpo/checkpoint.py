@@ -151,6 +151,7 @@ def save_checkpoint(trainer, path: Path, keep_last: int) -> Path:
             state = {
                 "format": FORMAT,
                 "step": trainer.step,
+                "task_cursor": trainer.task_cursor,
                 "num_processes": acc.num_processes,
                 "faults": trainer.faults.state_dict(),
                 "config": trainer.flat_config,
@@ -200,6 +201,7 @@ def load_checkpoint(trainer, path: Path) -> dict[str, Any]:
 
             load_model(policy.reference, str(ref_file))
     trainer.step = int(state["step"])
+    trainer.task_cursor = int(state.get("task_cursor", trainer.step * trainer.cfg.grpo.tasks_per_step))
     trainer.faults.load_state_dict(state["faults"])
     return state
 

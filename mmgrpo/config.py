@@ -213,6 +213,23 @@ class GRPOConfig(Section):
     """Sample only from the k most likely tokens; 0 = off."""
     max_new_tokens: int = 16
     """Most tokens the policy generates per turn."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose G rewards are all equal (they teach nothing) and roll out
+    more tasks, B at a time, until B groups with reward variance are found (or max_sampling_rounds)."""
+    max_sampling_rounds: int = 3
+    """With dynamic_sampling: at most this many extra rounds of B tasks per step; then the step trains on the
+    groups it has and says so."""
+    overlong: Literal["none", "mask", "soft_penalty"] = "none"
+    """Episodes cut at the token budget: kept as they are, left out of the loss (mask, DAPO's overlong
+    filtering), or penalised (soft_penalty: 0 up to max_new_tokens - overlong_buffer tokens, then linearly
+    down to -overlong_factor at max_new_tokens and for a cut episode)."""
+    overlong_buffer: int = 0
+    """C of the soft overlong penalty: the last C tokens of max_new_tokens are penalised (e.g. a quarter)."""
+    overlong_factor: float = 1.0
+    """Size of the soft overlong penalty at the budget."""
+    group_size_schedule: list[list[int]] = field(default_factory=list)
+    """[[from_step, G], ...]: G changes at those steps, e.g. [[0, 16], [100, 8]] samples more early, when
+    rewards are sparse, and fewer later; empty = group_size throughout."""
     log_every: int = 1
     """Log metrics (metrics.jsonl, progress bar) every this many steps."""
     save_every: int = 0
@@ -255,6 +272,19 @@ class GRPOConfig(Section):
         for name in ("steps", "warmup_steps", "top_k", "save_every", "eval_every", "weight_decay", "beta"):
             self._require(getattr(self, name) >= 0, name, "must be >= 0")
         self._require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
+        self._require(self.max_sampling_rounds >= 0, "max_sampling_rounds", "must be >= 0")
+        self._require(
+            self.overlong != "soft_penalty" or 0 < self.overlong_buffer <= self.max_new_tokens,
+            "overlong_buffer",
+            f"must be in 1..max_new_tokens ({self.max_new_tokens}) with overlong=soft_penalty",
+        )
+        steps = [x[0] for x in self.group_size_schedule if len(x) == 2]
+        self._require(
+            all(len(x) == 2 and x[1] >= 2 for x in self.group_size_schedule)
+            and steps == sorted(set(steps)),
+            "group_size_schedule",
+            "must be [[from_step, G], ...] with increasing steps and every G >= 2, e.g. [[0, 16], [100, 8]]",
+        )
         self._require(
             self.group_size >= 2,
             "group_size",

@@ -15,6 +15,7 @@ the resolved config go to ``{output_dir}/final``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +46,14 @@ from mmgrpo.model_io import PRECISION, LoraSpec, check_precision
 from mmgrpo.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
 from mmgrpo.rollout import RolloutBatch, episode_metrics, rollout
+from mmgrpo.sampling import (
+    concat_batches,
+    concat_scored,
+    overlong_penalty,
+    select_rows,
+    select_scored,
+    zero_variance_groups,
+)
 from mmgrpo.verifier import Rewards
 
 
@@ -208,7 +217,8 @@ class Trainer:
         )
         register_model_hooks(acc, self.policy)
         local_tasks = len(shard(list(range(g.tasks_per_step)), self.rank, self.world))
-        self.envs = [self.make_env() for _ in range(max(local_tasks, 1) * g.group_size)]
+        most_G = max([g.group_size, *(G for _, G in g.group_size_schedule)])
+        self.envs = [self.make_env() for _ in range(max(local_tasks, 1) * most_G)]
         self.metrics_path = self.out / "metrics.jsonl"
         self.faults = FaultTracker(
             cfg.env.name,
@@ -218,6 +228,8 @@ class Trainer:
         )
         self.flat_config = flat_config(config_to_dict(cfg))
         self.step = 0
+        self.task_cursor = 0  # the next task seed of the stream (B per step; more with dynamic sampling)
+        self._last_give_up = -(10**9)
         self.stop_requested = False  # set by a signal handler; the loop saves a checkpoint and stops
 
     # ------------------------------------------------------------------------------------------ logging
@@ -251,32 +263,23 @@ class Trainer:
         return out
 
     # --------------------------------------------------------------------------------------- one step
-    def task_seeds(self, step: int) -> list[int]:
-        """The B task seeds of ``step`` (all processes): the task stream's position is the step."""
-        B = self.cfg.grpo.tasks_per_step
-        return [step * B + b for b in range(B)]
-
-    def local_seeds(self, step: int) -> list[int]:
-        """This process's whole groups of ``step``: tasks rank, rank + W, ..."""
-        return shard(self.task_seeds(step), self.rank, self.world)
-
     def train_step(self) -> dict[str, Any]:
         """collect -> score -> advantages -> update, then one metrics record for the step."""
         g, policy = self.cfg.grpo, self.policy
+        G = self.group_size_now()
         if g.beta > 0 and not policy.has_reference:
             policy.make_reference()  # the policy as GRPO starts (after any warm start) is the KL anchor
         t0 = time.perf_counter()
-        batch = self.collect()
+        batch, scored, sampling = self.collect(G)
         t_rollout = time.perf_counter() - t0
-        scored = self.rewards.score(batch.episodes, keep_nonfinite=True)  # NaN: stop or skip, not 0
-        self.account_faults(batch, scored)
         rewards = scored.total  # (N,)
         problem = self.agree_finite(check_finite(self.step + 1, scored.per_verifier))
         adv = torch.zeros_like(rewards)  # (N,)
         if problem is None:
+            rewards = self.shape_rewards(batch, rewards)  # (N,) overlong penalty
             adv = group_advantages(
                 rewards,
-                g.group_size,
+                G,
                 group_ids=batch.group_ids,
                 baseline=g.baseline,
                 scale=g.scale,
@@ -285,26 +288,111 @@ class Trainer:
             problem = self.agree_finite(check_finite(self.step + 1, {}, adv))
         t1 = time.perf_counter()
         if problem is None:
-            stats, problem = self.update(batch.tokens, adv)
+            stats, problem = self.update(self.trained_tokens(batch), adv)
         if problem is not None:
             stats = self.skip_batch(problem)
-        record = self.step_record(batch, scored, adv, stats, t_rollout, time.perf_counter() - t1, t0)
+        record = self.step_record(batch, scored, adv, stats, G, t_rollout, time.perf_counter() - t1, t0)
+        record.update(sampling)
         self.step += 1
         every = self.cfg.logging.samples_every
         if every and self.step % every == 0 and self.is_main:
             self.save_samples(batch, scored, self.step)
         return record
 
-    def collect(self) -> RolloutBatch:
-        """Roll out this process's tasks of the step, G episodes each."""
+    def group_size_now(self) -> int:
+        """G at this step: grpo.group_size, or grpo.group_size_schedule's entry for the step."""
+        from mmgrpo.advantages import group_size_at
+
         g = self.cfg.grpo
-        seeds = self.local_seeds(self.step)
+        return group_size_at(self.step, [tuple(x) for x in g.group_size_schedule], g.group_size)
+
+    def next_tasks(self) -> list[int]:
+        """This process's share of the next B task seeds of the stream (the stream's position moves on)."""
+        B = self.cfg.grpo.tasks_per_step
+        seeds = list(range(self.task_cursor, self.task_cursor + B))
+        self.task_cursor += B
+        return shard(seeds, self.rank, self.world)
+
+    def collect(self, G: int) -> tuple[RolloutBatch, Any, dict[str, float]]:
+        """Roll out and score this process's tasks of the step, G episodes each. With
+        grpo.dynamic_sampling, groups whose rewards are all equal are dropped and more tasks are rolled
+        out (B at a time) until this process has its share of groups with variance, or the bound is hit
+        (mmgrpo.sampling)."""
+        g = self.cfg.grpo
+        if not g.dynamic_sampling:
+            batch = self.rollout_tasks(self.next_tasks(), G)
+            scored = self.rewards.score(batch.episodes, keep_nonfinite=True)  # NaN: stop or skip, not 0
+            self.account_faults(batch, scored)
+            return batch, scored, {}
+        need = len(shard(list(range(g.tasks_per_step)), self.rank, self.world))
+        kept: list[tuple[RolloutBatch, Any]] = []
+        have = dropped = rounds = 0
+        while True:
+            batch = self.rollout_tasks(self.next_tasks(), G)
+            scored = self.rewards.score(batch.episodes, keep_nonfinite=True)
+            self.account_faults(batch, scored)
+            rounds += 1
+            flat = zero_variance_groups(scored.total, batch.group_ids)
+            rows = [i for i, gid in enumerate(batch.group_ids) if gid not in flat]
+            dropped += len(flat)
+            if rows:
+                kept.append((select_rows(batch, rows), select_scored(scored, rows)))
+                have += len(set(batch.group_ids[i] for i in rows))
+            done = all(gather_objects(self.accelerator, have >= need))
+            if done or rounds > g.max_sampling_rounds:
+                break
+        if kept:
+            batch = concat_batches([b for b, _ in kept], self.policy.pad_token_id)
+            scored = concat_scored([s for _, s in kept])
+            first = list(dict.fromkeys(batch.group_ids))[:need]  # at most this process's share
+            rows = [i for i, gid in enumerate(batch.group_ids) if gid in set(first)]
+            batch, scored = select_rows(batch, rows), select_scored(scored, rows)
+        gave_up = have < need
+        if gave_up and self.is_main and (self.step - self._last_give_up >= 10):
+            self._last_give_up = self.step
+            line = (
+                f"mmgrpo: warning: step {self.step + 1}: dynamic sampling gave up after {rounds} rounds of "
+                f"{g.tasks_per_step} tasks: {have} of the {need} groups needed have reward variance, training "
+                "on those. Raise grpo.max_sampling_rounds, make the reward finer, or warm-start the model."
+            )
+            print(line, file=sys.stderr, flush=True)
+            with (self.out / "warnings.log").open("a") as f:
+                f.write(line + "\n")
+        stats = {
+            "dynamic/rounds": rounds,
+            "dynamic/dropped_groups": dropped,
+            "dynamic/kept_groups": min(have, need),
+            "dynamic/gave_up": int(gave_up),
+        }
+        return batch, scored, stats
+
+    def shape_rewards(self, batch: RolloutBatch, rewards: torch.Tensor) -> torch.Tensor:
+        """Rewards (N,) after grpo.overlong=soft_penalty (DAPO), before group normalisation."""
+        g = self.cfg.grpo
+        if g.overlong != "soft_penalty":
+            return rewards
+        lengths = torch.tensor([t.num_policy_tokens for t in batch.trajectories])  # (N,)
+        cut = torch.tensor([t.truncation in ("max_new_tokens", "token_budget") for t in batch.trajectories])
+        return rewards + overlong_penalty(lengths, cut, g.max_new_tokens, g.overlong_buffer, g.overlong_factor)
+
+    def trained_tokens(self, batch: RolloutBatch) -> TokenBatch:
+        """The batch's tokens; with grpo.overlong=mask, truncated episodes leave the loss (DAPO)."""
+        if self.cfg.grpo.overlong != "mask":
+            return batch.tokens
+        cut = torch.tensor([t.truncated for t in batch.trajectories])  # (N,)
+        tokens = batch.tokens
+        mask = tokens.loss_mask * (~cut).long()[:, None]  # (N, T)
+        return dataclasses.replace(tokens, loss_mask=mask)
+
+    def rollout_tasks(self, seeds: list[int], G: int) -> RolloutBatch:
+        """Roll out ``seeds``, G episodes each; every process learns whether any failed entirely."""
+        g = self.cfg.grpo
         try:
             batch = rollout(
                 self.policy,
                 self.envs,
                 seeds,
-                group_size=g.group_size,
+                group_size=G,
                 split="train",
                 max_new_tokens=g.max_new_tokens,
                 temperature=g.temperature,
@@ -436,9 +524,8 @@ class Trainer:
             self.scheduler.step()
         return stats, None
 
-    def step_record(self, batch, scored, adv, stats, t_rollout: float, t_train: float, t0: float):
+    def step_record(self, batch, scored, adv, stats, G: int, t_rollout: float, t_train: float, t0: float):
         """The step's metrics over all processes (mmgrpo.distributed.reduce_records)."""
-        g = self.cfg.grpo
         rewards = scored.total
         N = len(batch.trajectories)
         lengths = [t.num_policy_tokens for t in batch.trajectories]
@@ -447,7 +534,7 @@ class Trainer:
             "reward": float(rewards.mean()),
             **{f"reward/{k}": float(v.mean()) for k, v in scored.per_verifier.items()},
             **(
-                group_stats(rewards, g.group_size)
+                group_stats(rewards, G)
                 if bool(torch.isfinite(rewards).all())
                 else {"reward_std_within_group": float("nan"), "frac_zero_std_groups": float("nan")}
             ),
@@ -460,6 +547,7 @@ class Trainer:
             "env_errors": sum(t.env_error is not None for t in batch.trajectories),
             "env_reset_failures": len(batch.failed_tasks),
             "num_episodes": N,
+            "group_size": G,
             **(episode_metrics(batch.trajectories) if self.cfg.env.max_turns > 1 else {}),
             "rollout_time": t_rollout,
             "train_time": t_train,
