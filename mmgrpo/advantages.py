@@ -20,6 +20,13 @@ Where this departs from (or pins down) the papers:
   ``scale`` still applies after the baseline, so the paper's RLOO is ``baseline="rloo", scale="none"``;
   ``scale="std_unbiased"`` with RLOO is a hybrid that some codebases use.
 
+Several verifiers (:func:`combine_advantages`): ``"sum_then_normalize"`` normalises the weighted sum of the
+rewards (what ``group_advantages(RewardBreakdown.total)`` does); ``"normalize_then_sum"`` normalises each
+verifier's rewards inside each group first and then takes the weighted sum (GDPO, arXiv 2601.05242), so a
+reward of large scale or spread cannot drown the others, and a verifier on which a group agrees
+contributes 0 there. GDPO then also rescales the summed advantages by their batch standard deviation;
+that last step is not done here.
+
 Example::
 
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])                     # (N,) one group of G=4
@@ -28,7 +35,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -38,6 +46,7 @@ from mmgrpo.errors import DataError
 
 Baseline = Literal["mean", "rloo"]
 Scale = Literal["std_unbiased", "std_biased", "none"]
+CombineMode = Literal["sum_then_normalize", "normalize_then_sum"]
 
 
 def _grouped(rewards: Tensor, group_size: int) -> Tensor:
@@ -146,3 +155,101 @@ def group_stats(rewards: Tensor, group_size: int) -> dict[str, float]:
         "reward_std_within_group": float(std.mean()) if r.shape[0] else 0.0,
         "frac_zero_std_groups": float((spread < 1e-8).float().mean()) if r.shape[0] else 0.0,
     }
+
+
+def combine_advantages(
+    per_verifier: Mapping[str, Tensor],
+    weights: Mapping[str, float],
+    group_ids: Sequence[int] | None,
+    group_size: int,
+    mode: CombineMode = "sum_then_normalize",
+    baseline: Baseline = "mean",
+    scale: Scale = "std_unbiased",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Advantages (N,) from several rewards: per_verifier maps a name to its rewards (N,), weights a name to
+    its weight (the same names); group_ids, group_size, baseline, scale and eps as in :func:`group_advantages`.
+
+    mode "sum_then_normalize": ``group_advantages(sum_v weight_v * r_v)``. The weighted sum is accumulated
+        in float64 in the order of ``per_verifier`` and then rounded to the rewards' dtype, as
+        ``Rewards.score`` builds ``RewardBreakdown.total``, so the result equals today's
+        ``group_advantages(total, ...)`` bit for bit whenever the verifier values are exact in float32
+        (0/1, halves, ...; ``RewardBreakdown.per_verifier`` holds float32-rounded values, the total sums the
+        unrounded ones). Add an ``env_reward`` entry of weight 1 when the total includes the env reward.
+    mode "normalize_then_sum": ``sum_v weight_v * group_advantages(r_v)`` (GDPO without its final batch
+        rescaling): every verifier is normalised inside each group on its own, so a verifier whose rewards
+        are all equal in a group contributes exactly 0 to that group.
+    """
+    if mode not in ("sum_then_normalize", "normalize_then_sum"):
+        raise ValueError(f"mode must be 'sum_then_normalize' or 'normalize_then_sum', got {mode!r}.")
+    if not per_verifier:
+        raise ValueError("per_verifier is empty; pass at least one verifier's rewards (N,).")
+    if set(weights) != set(per_verifier):
+        missing, extra = sorted(set(per_verifier) - set(weights)), sorted(set(weights) - set(per_verifier))
+        raise ValueError(
+            f"weights must name exactly the verifiers of per_verifier; no weight for {missing}, "
+            f"weights for unknown verifiers {extra}."
+        )
+    first = next(iter(per_verifier.values()))
+    for name, r in per_verifier.items():
+        if r.dim() != 1 or r.shape != first.shape:
+            raise DataError(
+                f"every verifier's rewards must be (N,) of one length; {name!r} has shape {tuple(r.shape)}, "
+                f"the first has {tuple(first.shape)}."
+            )
+    dtype = functools.reduce(torch.promote_types, [r.dtype for r in per_verifier.values()])
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    kwargs = dict(group_ids=group_ids, baseline=baseline, scale=scale, eps=eps)
+    if mode == "sum_then_normalize":
+        total = _weighted_sum(per_verifier, weights).to(dtype)  # (N,)
+        return group_advantages(total, group_size, **kwargs)  # (N,)
+    per_adv = {
+        name: group_advantages(r.to(dtype), group_size, **kwargs) for name, r in per_verifier.items()
+    }  # name -> (N,), each normalised inside its groups
+    return _weighted_sum(per_adv, weights).to(dtype)  # (N,)
+
+
+def _weighted_sum(values: Mapping[str, Tensor], weights: Mapping[str, float]) -> Tensor:
+    """sum_v weights[v] * values[v] (N,), accumulated in float64 in the order of ``values``."""
+    first = next(iter(values.values()))
+    total = torch.zeros(first.shape, dtype=torch.float64, device=first.device)  # (N,)
+    for name, v in values.items():
+        total = total + float(weights[name]) * v.to(torch.float64)  # (N,)
+    return total  # (N,)
+
+
+def group_size_at(step: int, schedule: Sequence[tuple[int, int]], default: int) -> int:
+    """The group size G at ``step`` under ``schedule`` [(from_step, G), ...], sorted by from_step.
+
+    Each entry holds from its from_step until the next entry's; before the first entry (or with an empty
+    schedule) the group size is ``default``. [(0, 16), (100, 8)] gives G = 16 for steps 0..99, then 8.
+    Raises ValueError on a negative step, an unsorted or repeated from_step, or a G (or default) below 2.
+    """
+    if default < 2:
+        raise ValueError(f"default group size must be >= 2 (GRPO needs a second sample), got {default}.")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}.")
+    previous = -1
+    for k, entry in enumerate(schedule):
+        if len(entry) != 2:
+            raise ValueError(f"schedule[{k}] must be a pair (from_step, G), got {entry!r}.")
+        from_step, g = entry
+        if from_step < 0:
+            raise ValueError(f"schedule[{k}] = {entry!r}: from_step must be >= 0.")
+        if from_step <= previous:
+            raise ValueError(
+                f"schedule must be sorted by from_step with no step twice; schedule[{k}] = {entry!r} "
+                f"comes after from_step {previous}: {list(schedule)!r}."
+            )
+        if g < 2:
+            raise ValueError(
+                f"schedule[{k}] = {entry!r}: G must be >= 2 (a group of 1 has no baseline and gets zero "
+                "advantages)."
+            )
+        previous = from_step
+    g_now = default
+    for from_step, g in schedule:
+        if from_step <= step:
+            g_now = g
+    return int(g_now)

@@ -16,8 +16,11 @@ from mmgrpo.errors import ConfigError, DataError, MmgrpoError
 
 DEMO_CONFIGS = {
     "counting": "examples/counting_tiny.yaml",  # the tiny VLM learns to count red circles
+    "counting_hard": "examples/counting_hard.yaml",  # ... the named kind among several, with distractors
     "tools": "examples/tools_math_tiny.yaml",  # the tiny model learns to use a calculator
+    "text_math": "examples/text_math_tiny.yaml",  # the tiny text-only model learns addition
 }
+TEXT_ONLY_DEMOS = {"text_math"}  # built on the tiny text-only causal LM, not the tiny VLM
 DEMO_CONFIG = DEMO_CONFIGS["counting"]
 
 
@@ -355,10 +358,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     out = Path(args.out)
-    model_dir = out / "tiny-model"
-    if not is_model_dir(model_dir):
-        build_tiny_model(model_dir)
-        print(f"demo: built the tiny Qwen2.5-VL in {model_dir}", flush=True)
+    if args.task in TEXT_ONLY_DEMOS and not args.config:
+        from mmgrpo.tiny_text import build_tiny_text_model
+
+        model_dir = out / "tiny-text-model"
+        if not is_model_dir(model_dir):
+            build_tiny_text_model(model_dir)
+            print(f"demo: built the tiny text-only Qwen2 in {model_dir}", flush=True)
+    else:
+        model_dir = out / "tiny-model"
+        if not is_model_dir(model_dir):
+            build_tiny_model(model_dir)
+            print(f"demo: built the tiny Qwen2.5-VL in {model_dir}", flush=True)
     config = Path(args.config) if args.config else _find_demo_config(args.task)
     overrides = [f"model.path={model_dir}", f"output_dir={out / 'run'}", *args.set]
     cfg = load_config(config, overrides)
@@ -490,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--task",
         choices=sorted(DEMO_CONFIGS),
         default="counting",
-        help="counting: a VLM learns to count; tools: a model learns to use a calculator (multi-turn)",
+        help="counting: a VLM learns to count; counting_hard: to count one named kind among others; tools: "
+        "a model learns to use a calculator (multi-turn); text_math: a text-only model learns addition",
     )
     sp.add_argument("--config", default=None, help="default: the task's config under examples/")
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

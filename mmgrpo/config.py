@@ -187,7 +187,25 @@ class GRPOConfig(Section):
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global L2 norm."""
     beta: float = 0.04
-    """KL coefficient against the frozen reference model (k3 estimator, in the loss); 0 = no reference model."""
+    """KL coefficient against the frozen reference model; 0 = no reference model (the start value when
+    target_kl is set)."""
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
+    """Per-token KL estimate: k1 = log-ratio, k2 = half its square, k3 = exp(-d) + d - 1 (unbiased,
+    non-negative; GRPO's), low_var_kl = k3 clamped to [-10, 10] (verl's)."""
+    kl_in: Literal["loss", "reward"] = "loss"
+    """Where the KL penalty goes: a term of the loss (GRPO), or subtracted from each episode's reward before
+    the group normalisation (beta x the episode's summed KL; PPO-RLHF style)."""
+    target_kl: float | None = None
+    """Adaptive beta: beta moves towards keeping the per-token KL near this value (PPO's controller:
+    beta *= 1 + clip(kl / target - 1, -0.2, 0.2) / kl_horizon per step); null = fixed beta."""
+    kl_horizon: int = 100
+    """Steps over which the adaptive beta reacts."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss subtracts this x the policy's mean token entropy (aggregated like the
+    policy term). The entropy is reported as a metric either way."""
+    reward_combination: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """Several verifiers: weighted sum of rewards, then group normalisation; or each reward normalised
+    within its group, then the weighted sum (a small-scale reward then counts as much as a large one)."""
     clip_eps_low: float = 0.2
     """The ratio is clipped below at 1 - clip_eps_low."""
     clip_eps_high: float = 0.2
@@ -200,9 +218,10 @@ class GRPOConfig(Section):
     """Advantage baseline: the group mean, or the mean of the other G-1 rewards (RLOO)."""
     adv_eps: float = 1e-6
     """Added to the std before dividing, so zero-variance groups give zero advantages."""
-    aggregation: Literal["sequence", "token", "constant"] = "sequence"
-    """Loss over tokens: mean per sequence then over sequences (GRPO), mean over all tokens (DAPO),
-    or sum divided by max_new_tokens x sequences (Dr. GRPO)."""
+    aggregation: Literal["sequence", "token", "constant", "bnpo"] = "sequence"
+    """Loss over tokens: mean per sequence then over sequences (GRPO), mean over all tokens of the step (DAPO),
+    sum divided by max_new_tokens x sequences (Dr. GRPO), or the mean over each micro-batch's tokens,
+    averaged over micro-batches (TRL's bnpo)."""
     importance: Literal["token", "sequence"] = "token"
     """Importance ratio per token (GRPO) or one per sequence, the geometric mean of its tokens' (GSPO)."""
     temperature: float = 1.0
@@ -274,14 +293,20 @@ class GRPOConfig(Section):
         self._require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
         self._require(self.max_sampling_rounds >= 0, "max_sampling_rounds", "must be >= 0")
         self._require(
+            self.target_kl is None or (self.target_kl > 0 and self.beta > 0),
+            "target_kl",
+            "must be > 0, with beta > 0 as its start value",
+        )
+        self._require(self.kl_horizon >= 1, "kl_horizon", "must be >= 1")
+        self._require(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
+        self._require(
             self.overlong != "soft_penalty" or 0 < self.overlong_buffer <= self.max_new_tokens,
             "overlong_buffer",
             f"must be in 1..max_new_tokens ({self.max_new_tokens}) with overlong=soft_penalty",
         )
         steps = [x[0] for x in self.group_size_schedule if len(x) == 2]
         self._require(
-            all(len(x) == 2 and x[1] >= 2 for x in self.group_size_schedule)
-            and steps == sorted(set(steps)),
+            all(len(x) == 2 and x[1] >= 2 for x in self.group_size_schedule) and steps == sorted(set(steps)),
             "group_size_schedule",
             "must be [[from_step, G], ...] with increasing steps and every G >= 2, e.g. [[0, 16], [100, 8]]",
         )

@@ -30,7 +30,7 @@ from mmgrpo.adapters import adapter_for, unwrap
 from mmgrpo.batch import TokenBatch, VisionInputs
 from mmgrpo.engine import sample_tokens  # noqa: F401  (public here since the foundation)
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.losses import token_logprobs
+from mmgrpo.losses import token_entropy, token_logprobs
 from mmgrpo.model_io import PRECISION, LoraSpec, disable_dropout, is_lora, load_model, save_model, stop_ids_of
 
 _PROCESSOR_PLACEHOLDERS = (
@@ -317,7 +317,9 @@ class Policy:
 
     @property
     def name_or_path(self) -> str:
-        return str(getattr(unwrap(self.model).config, "_name_or_path", "") or type(unwrap(self.model)).__name__)
+        return str(
+            getattr(unwrap(self.model).config, "_name_or_path", "") or type(unwrap(self.model)).__name__
+        )
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
@@ -418,7 +420,9 @@ class Policy:
         temperature: float = 1.0,
         reference: bool = False,
         share_prompt: bool = True,
-    ) -> Tensor:
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Per-token log-probs of ``batch.response_ids`` under the policy (or the reference): (N, T).
 
         Differentiable for the policy; no graph for the reference. Positions outside response_mask hold
@@ -426,6 +430,8 @@ class Policy:
         ``share_prompt`` is on, each prompt (and its images) is encoded once and its key/value cache is
         repeated for the G responses: the same numbers and gradients, a fraction of the compute. Responses
         that hold images (tool results) take one full forward per row (see mmgrpo.engine).
+        ``with_entropy`` also returns each position's entropy of softmax(logits / temperature), (N, T),
+        differentiable with ``entropy_grad`` (the entropy bonus), else without a graph (a metric).
         """
         model = self.model if (not reference or self.reference_is_base) else self.reference
         if model is None:
@@ -446,7 +452,13 @@ class Policy:
                 )  # (N, T, V)
             else:
                 logits = engine.response_logits_full(model, self.adapter, batch, self.device)  # (N, T, V)
-            return token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
+            logp = token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
+            if not with_entropy:
+                return logp
+            if entropy_grad:
+                return logp, token_entropy(logits, temperature)  # (N, T), (N, T): entropy of each step
+            with torch.no_grad():
+                return logp, token_entropy(logits.detach(), temperature)  # reported only
 
     # ------------------------------------------------------------------------------------------ saving
     def save(self, out_dir: str | Path, *, merged: bool = False) -> None:

@@ -228,6 +228,13 @@ class Trainer:
         )
         self.flat_config = flat_config(config_to_dict(cfg))
         self.step = 0
+        from mmgrpo.kl_control import AdaptiveKLController, FixedKLController
+
+        self.kl_ctl = (
+            AdaptiveKLController(g.beta, g.target_kl, g.kl_horizon)
+            if g.target_kl is not None
+            else FixedKLController(g.beta)
+        )
         self.task_cursor = 0  # the next task seed of the stream (B per step; more with dynamic sampling)
         self._last_give_up = -(10**9)
         self.stop_requested = False  # set by a signal handler; the loop saves a checkpoint and stops
@@ -277,27 +284,40 @@ class Trainer:
         adv = torch.zeros_like(rewards)  # (N,)
         if problem is None:
             rewards = self.shape_rewards(batch, rewards)  # (N,) overlong penalty
-            adv = group_advantages(
-                rewards,
-                G,
-                group_ids=batch.group_ids,
-                baseline=g.baseline,
-                scale=g.scale,
-                eps=g.adv_eps,
-            )  # (N,) over each task's G rows, whatever their order
+            if g.kl_in == "reward" and self.kl_ctl.beta > 0:
+                rewards = rewards - self.kl_reward_penalty(batch.tokens, G)  # (N,)
+            adv = self.advantages(batch, scored, rewards, G)  # (N,)
             problem = self.agree_finite(check_finite(self.step + 1, {}, adv))
         t1 = time.perf_counter()
         if problem is None:
-            stats, problem = self.update(self.trained_tokens(batch), adv)
+            stats, problem = self.update(self.trained_tokens(batch), adv, G)
         if problem is not None:
             stats = self.skip_batch(problem)
         record = self.step_record(batch, scored, adv, stats, G, t_rollout, time.perf_counter() - t1, t0)
         record.update(sampling)
+        record["beta"] = self.kl_ctl.beta
+        if g.target_kl is not None and math.isfinite(record["kl"]):
+            self.kl_ctl.update(record["kl"])  # the next step's beta
         self.step += 1
         every = self.cfg.logging.samples_every
         if every and self.step % every == 0 and self.is_main:
             self.save_samples(batch, scored, self.step)
         return record
+
+    def advantages(self, batch: RolloutBatch, scored, rewards: torch.Tensor, G: int) -> torch.Tensor:
+        """(N,) group-normalised advantages of ``rewards`` (the verifiers' weighted sum plus any shaping);
+        with grpo.reward_combination=normalize_then_sum each verifier is normalised on its own first."""
+        from mmgrpo.advantages import combine_advantages
+
+        g = self.cfg.grpo
+        kw = dict(baseline=g.baseline, scale=g.scale, eps=g.adv_eps)
+        if g.reward_combination == "sum_then_normalize":
+            return group_advantages(rewards, G, group_ids=batch.group_ids, **kw)
+        weights = {v.name: v.weight for v in self.rewards.verifiers}
+        per = dict(scored.per_verifier)
+        weighted = sum(weights[k] * per[k] for k in per)
+        per["_shaping"], weights["_shaping"] = rewards - weighted, 1.0  # env reward, penalties, KL
+        return combine_advantages(per, weights, batch.group_ids, G, "normalize_then_sum", **kw)
 
     def group_size_now(self) -> int:
         """G at this step: grpo.group_size, or grpo.group_size_schedule's entry for the step."""
@@ -373,7 +393,9 @@ class Trainer:
             return rewards
         lengths = torch.tensor([t.num_policy_tokens for t in batch.trajectories])  # (N,)
         cut = torch.tensor([t.truncation in ("max_new_tokens", "token_budget") for t in batch.trajectories])
-        return rewards + overlong_penalty(lengths, cut, g.max_new_tokens, g.overlong_buffer, g.overlong_factor)
+        return rewards + overlong_penalty(
+            lengths, cut, g.max_new_tokens, g.overlong_buffer, g.overlong_factor
+        )
 
     def trained_tokens(self, batch: RolloutBatch) -> TokenBatch:
         """The batch's tokens; with grpo.overlong=mask, truncated episodes leave the loss (DAPO)."""
@@ -449,17 +471,36 @@ class Trainer:
         nan = float("nan")
         return {"loss": nan, "kl": nan, "clip_frac": nan, "ratio_mean": nan, "grad_norm": nan, "skipped": 1}
 
-    def update(self, tokens: TokenBatch, adv: torch.Tensor) -> tuple[dict[str, float], str | None]:
+    def micro_batches(self, tokens: TokenBatch, G: int) -> tuple[list[list[int]], list[TokenBatch]]:
+        """Rows per micro-batch, whole groups when they fit (each prompt is then encoded once for its G
+        rows), and their tokens with padding trimmed per micro-batch."""
+        size = self.cfg.grpo.micro_batch_size // G * G or self.cfg.grpo.micro_batch_size
+        mbs = [list(range(i, min(i + size, len(tokens)))) for i in range(0, len(tokens), size)]
+        return mbs, [tokens.select(rows) for rows in mbs]
+
+    def kl_reward_penalty(self, tokens: TokenBatch, G: int) -> torch.Tensor:
+        """grpo.kl_in=reward: beta x each episode's KL to the reference, summed over its tokens, (N,)."""
+        from mmgrpo.kl_control import sequence_kl
+
+        g, policy = self.cfg.grpo, self.policy
+        parts = []
+        with torch.no_grad():
+            for mb in self.micro_batches(tokens, G)[1]:
+                now = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
+                ref = policy.logprobs(mb, temperature=g.temperature, reference=True)  # (n, t)
+                mask = mb.loss_mask.to(now.device)
+                parts.append(sequence_kl(now, ref, mask, g.kl_estimator).float().cpu())  # (n,)
+        return self.kl_ctl.beta * torch.cat(parts)  # (N,)
+
+    def update(self, tokens: TokenBatch, adv: torch.Tensor, G: int) -> tuple[dict[str, float], str | None]:
         """num_iterations optimizer steps on this step's rows; the loss is normalised by the global
         token and sequence counts. Returns the loss statistics and, when the loss is not finite, what
         went wrong (no optimizer step is taken then)."""
         g, policy, acc = self.cfg.grpo, self.policy, self.accelerator
         N_local = len(tokens)
         loss_mask = tokens.loss_mask  # (n, T)
-        # whole groups per micro-batch when they fit, so that each prompt is encoded once for its G rows
-        size = g.micro_batch_size // g.group_size * g.group_size or g.micro_batch_size
-        mbs = [list(range(i, min(i + size, N_local))) for i in range(0, N_local, size)]
-        mb_tokens: list[TokenBatch] = [tokens.select(rows) for rows in mbs]  # padding trimmed per micro-batch
+        mbs, mb_tokens = self.micro_batches(tokens, G)
+        beta = self.kl_ctl.beta if g.kl_in == "loss" else 0.0
         counts = global_counts(acc, N_local, int(loss_mask.sum()), len(mbs))  # (W, 3)
         N, num_tokens = int(counts[:, 0].sum()), int(counts[:, 1].sum())
         n_mb = int(counts[:, 2].max())  # every process runs as many backward passes (DDP syncs on the last)
@@ -468,13 +509,22 @@ class Trainer:
         with torch.no_grad():
             for mb in mb_tokens:
                 ref_lp.append(
-                    policy.logprobs(mb, temperature=g.temperature, reference=True) if g.beta > 0 else None
+                    policy.logprobs(mb, temperature=g.temperature, reference=True) if beta > 0 else None
                 )
                 old_lp.append(
                     policy.logprobs(mb, temperature=g.temperature) if g.num_iterations > 1 else None
                 )
 
-        stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "grad_norm": 0.0}
+        stats = {
+            "loss": 0.0,
+            "kl": 0.0,
+            "clip_frac": 0.0,
+            "ratio_mean": 0.0,
+            "entropy": 0.0,
+            "grad_norm": 0.0,
+        }
+        # bnpo: each micro-batch is a token mean; their average over every micro-batch of every process
+        n_means = n_mb * self.world if g.aggregation == "bnpo" else 1
         policy.model.train()
         for _ in range(g.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
@@ -484,7 +534,9 @@ class Trainer:
                 rows, mb = (mbs[k], mb_tokens[k]) if real else (mbs[0], mb_tokens[0])
                 sync = contextlib.nullcontext() if k == n_mb - 1 else acc.no_sync(policy.model)
                 with sync:
-                    logp = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
+                    logp, entropy = policy.logprobs(
+                        mb, temperature=g.temperature, with_entropy=True, entropy_grad=g.entropy_coef > 0
+                    )  # (n, t), (n, t)
                     if not real:  # a process with fewer micro-batches joins the others' gradient sync
                         acc.backward(logp.sum() * 0.0)
                         continue
@@ -496,20 +548,24 @@ class Trainer:
                         mb.loss_mask.to(logp.device),
                         clip_eps_low=g.clip_eps_low,
                         clip_eps_high=g.clip_eps_high,
-                        beta=g.beta,
+                        beta=beta,
                         aggregation=g.aggregation,
                         importance=g.importance,
                         dual_clip=g.dual_clip,
                         num_sequences=N,
                         num_tokens=num_tokens,
                         max_new_tokens=g.max_new_tokens,
+                        kl_estimator=g.kl_estimator,
+                        num_micro_batches=n_means,
+                        entropy=entropy,
+                        entropy_coef=g.entropy_coef,
                     )
                     # DDP averages gradients over the W processes; x W makes that the global-batch gradient
                     acc.backward(out.loss * self.world if self.world > 1 else out.loss)
                 share = mb.loss_mask.sum().item() / max(num_tokens, 1) / g.num_iterations
                 loss_sum += float(out.loss.detach())
                 stats["loss"] += float(out.loss.detach()) / g.num_iterations
-                for key in ("kl", "clip_frac", "ratio_mean"):
+                for key in ("kl", "clip_frac", "ratio_mean", "entropy"):
                     stats[key] += float(getattr(out, key)) * share
             total = float(global_counts_float(acc, float(loss_sum)))
             if not math.isfinite(total):
