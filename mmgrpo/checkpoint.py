@@ -153,6 +153,7 @@ def save_checkpoint(trainer, path: Path, keep_last: int) -> Path:
                 "step": trainer.step,
                 "task_cursor": trainer.task_cursor,
                 "kl_controller": trainer.kl_ctl.state_dict(),
+                "diagnostics": trainer.diagnostics.state_dict(),
                 "num_processes": acc.num_processes,
                 "faults": trainer.faults.state_dict(),
                 "config": trainer.flat_config,
@@ -204,6 +205,8 @@ def load_checkpoint(trainer, path: Path) -> dict[str, Any]:
     trainer.step = int(state["step"])
     trainer.task_cursor = int(state.get("task_cursor", trainer.step * trainer.cfg.grpo.tasks_per_step))
     trainer.faults.load_state_dict(state["faults"])
+    if "diagnostics" in state:
+        trainer.diagnostics.load_state_dict(state["diagnostics"])
     if "kl_controller" in state:
         trainer.kl_ctl.load_state_dict(state["kl_controller"])
     return state

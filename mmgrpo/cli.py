@@ -303,6 +303,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     """Sample only (no update): the reward distribution and within-group variance GRPO will see."""
     from mmgrpo.advantages import group_stats
     from mmgrpo.config import load_config
+    from mmgrpo.diagnostics import verdict
     from mmgrpo.env import message_text
     from mmgrpo.rollout import rollout
     from mmgrpo.trainer import build_env_factory, build_rewards, load_policy
@@ -312,7 +313,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     make_env, rewards = build_env_factory(cfg), build_rewards(cfg)
     policy = load_policy(cfg, args.model)
     envs = [make_env() for _ in range(g.episodes_per_step)]
-    totals, zero = [], []
+    totals, zero, formats = [], [], []
     for step in range(args.steps):
         seeds = [step * g.tasks_per_step + b for b in range(g.tasks_per_step)]
         batch = rollout(
@@ -329,6 +330,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         )
         scored = rewards.score(batch.episodes)
         totals += scored.total.tolist()
+        formats += scored.per_verifier["format"].tolist() if "format" in scored.per_verifier else []
         zero.append(group_stats(scored.total, g.group_size)["frac_zero_std_groups"])
         if step == 0:
             for t in batch.trajectories[: min(4, len(batch.trajectories))]:
@@ -343,11 +345,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     print("reward histogram: " + ", ".join(f"{k:g}: {v}" for k, v in sorted(hist.items())))
     frac = sum(zero) / len(zero)
     print(f"mean reward {sum(totals) / len(totals):.3f}; fraction of zero-variance groups {frac:.2f}")
-    if frac > 0.5:
-        print(
-            "most groups have zero variance: GRPO will barely move. Raise grpo.temperature or "
-            "grpo.group_size, make the reward finer, or add a format warm start (warm_start.steps)."
-        )
+    G = g.group_size
+    groups = [totals[i : i + G] for i in range(0, len(totals), G)]
+    fmt = sum(formats) / len(formats) if formats else None
+    reward_max = sum(max(v.weight, 0.0) for v in cfg.verifiers) or None
+    _, why = verdict(groups, fmt, reward_max=reward_max)
+    print(f"verdict: {why}")  # "can learn: ..." or "cannot learn yet: ..."
     return 0
 
 

@@ -349,7 +349,11 @@ class WarmStartConfig(Section):
     batch_size: int = 16
     """Examples per warm-start step."""
     target: str = "<answer>{random}</answer>"
-    """Completion to imitate; {random} becomes a random integer in [random_low, random_high]."""
+    """Completion to imitate; {random} becomes a random integer in [random_low, random_high], {answer} the
+    task's true answer (a supervised cold start on true examples instead of format only)."""
+    examples: int = 0
+    """With {answer}: train on a fixed pool of this many tasks (cycled), e.g. a few true examples as R1's
+    cold start; 0 = a new task every time."""
     random_low: int = 1
     """Smallest random answer."""
     random_high: int = 5
@@ -369,14 +373,18 @@ class WarmStartConfig(Section):
         self._require(self.steps >= 0, "steps", "must be >= 0")
         self._require(self.lr > 0, "lr", "must be > 0")
         self._require(self.batch_size >= 1, "batch_size", "must be >= 1")
+        self._require(self.examples >= 0, "examples", "must be >= 0")
         self._require(
             self.random_low <= self.random_high, "random_low", f"must be <= random_high ({self.random_high})"
         )
         try:
-            self.target.format(random=0)
+            self.target.format(random=0, answer=0)
         except (KeyError, IndexError, ValueError):
             self._require(
-                False, "target", "may only use the placeholder {random}", "Write {{ and }} for braces"
+                False,
+                "target",
+                "may only use the placeholders {random} and {answer}",
+                "Write {{ and }} for braces",
             )
 
 

@@ -37,6 +37,7 @@ from mmgrpo.checkpoint import (
     save_checkpoint,
 )
 from mmgrpo.config import Config, config_to_dict, save_config
+from mmgrpo.diagnostics import repetition
 from mmgrpo.distributed import gather_objects, global_counts, reduce_records, shard
 from mmgrpo.env import ChatEnv
 from mmgrpo.errors import ConfigError, EnvError, NonFiniteError
@@ -227,6 +228,13 @@ class Trainer:
             echo=self.is_main,
         )
         self.flat_config = flat_config(config_to_dict(cfg))
+        from mmgrpo.diagnostics import Diagnostics
+
+        self.diagnostics = Diagnostics(  # the troubleshooting table, checked every step (main process)
+            self.out / "diagnostics.log" if self.is_main else None,
+            echo=self.is_main,
+            reward_max=sum(max(v.weight, 0.0) for v in cfg.verifiers) or None,
+        )
         self.step = 0
         from mmgrpo.kl_control import AdaptiveKLController, FixedKLController
 
@@ -598,6 +606,7 @@ class Trainer:
             **stats,
             "lr": self.scheduler.get_last_lr()[0],
             "completion_len": sum(lengths) / len(lengths),
+            "repetition": repetition([t.completion for t in batch.trajectories]),
             "truncated_frac": sum(t.truncated for t in batch.trajectories) / N,
             "verifier_failures": sum(scored.failures.values()),
             "env_errors": sum(t.env_error is not None for t in batch.trajectories),
@@ -628,6 +637,8 @@ class Trainer:
                 bar.close()
                 raise TrainingStopped(self.step, self.save_checkpoint())
             record = self.train_step()
+            if self.is_main:
+                self.diagnostics.observe(record)
             if g.eval_every and self.step % g.eval_every == 0 and self.is_main:
                 record["eval_accuracy"] = self.evaluate(g.eval_episodes).accuracy
             if self.step % g.log_every == 0 or self.step == g.steps:
@@ -704,6 +715,7 @@ class Trainer:
             low=w.random_low,
             high=w.random_high,
             seed=self.cfg.seed,
+            examples=w.examples,
             source=w.source,
             train_vision=w.train_vision,
             progress=self.progress,

@@ -6,6 +6,11 @@ completions made from a template whose number is drawn at random (``<answer>{ran
 targets carry no information about the image, so the model learns where and how to answer, not what.
 Its accuracy alone is about chance (1/5 on counts 1..5); the demo reports it as the "before" number.
 
+With ``{answer}`` in the template the targets are the tasks' true answers instead: a supervised cold start
+on true examples, as DeepSeek-R1 starts from a few thousand. ``examples`` limits it to a fixed pool of
+that many tasks (cycled), so that it shows the model what an answer depends on without teaching the
+whole task; the demo's "before" number then measures what that pool alone gives.
+
 For multi-turn tool tasks (``source="env"``) the targets are the environment's own demonstrations
 (``ToolEnv.demonstration``): whole episodes played through ``step`` (the tools really run), laid out token
 for token as the rollout lays them out, trained on the policy turns only. Each env documents what its
@@ -33,9 +38,13 @@ from mmgrpo.rollout import reset_group
 from mmgrpo.sft import masked_nll, supervised_batch
 
 
-def format_targets(template: str, low: int, high: int, n: int, rng: random.Random) -> list[str]:
-    """n completions from ``template`` with ``{random}`` replaced by a uniform integer in [low, high]."""
-    return [template.format(random=rng.randint(low, high)) for _ in range(n)]
+def format_targets(
+    template: str, low: int, high: int, n: int, rng: random.Random, answers: list | None = None
+) -> list[str]:
+    """n completions from ``template``: ``{random}`` becomes a uniform integer in [low, high] and
+    ``{answer}`` the task's true answer (``answers[i]``; a supervised cold start on true examples)."""
+    answers = answers if answers is not None else [None] * n
+    return [template.format(random=rng.randint(low, high), answer=answers[i]) for i in range(n)]
 
 
 def warm_start(
@@ -49,6 +58,7 @@ def warm_start(
     low: int,
     high: int,
     seed: int,
+    examples: int = 0,
     source: str = "format",
     train_vision: bool = False,
     progress: bool = True,
@@ -73,11 +83,15 @@ def warm_start(
     bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress)
     for step in bar:
         # training-split seeds far from the GRPO stage's (which start at 0), so the two stages see other scenes
-        seeds = [10_000_000 + step * batch_size + i for i in range(batch_size)]
+        # (with ``examples``, a fixed pool of that many tasks, cycled)
+        seeds = [10_000_000 + (step * batch_size + i) % (examples or 10**12) for i in range(batch_size)]
         if source == "env":
             batch = demonstration_batch(policy, env, seeds, rng)
         else:
-            batch = format_batch(policy, env, seeds, format_targets(template, low, high, batch_size, rng))
+            resets = [reset_group([env], s, "train") for s in seeds]
+            answers = [info.get("answer") for _, info in resets] if "{answer}" in template else None
+            targets = format_targets(template, low, high, batch_size, rng, answers)
+            batch = supervised_batch(policy, [obs for obs, _ in resets], targets)
         loss = masked_nll(policy.logprobs(batch), batch.loss_mask)  # mean NLL per target token
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
