@@ -351,6 +351,9 @@ class WarmStartConfig(Section):
     target: str = "<answer>{random}</answer>"
     """Completion to imitate; {random} becomes a random integer in [random_low, random_high], {answer} the
     task's true answer (a supervised cold start on true examples instead of format only)."""
+    random_share: float = 0.0
+    """With {answer}: this share of the rows gets a random answer in [random_low, random_high] instead of
+    the true one, so that answers the few true examples never show stay likely enough to be sampled."""
     examples: int = 0
     """With {answer}: train on a fixed pool of this many tasks (cycled), e.g. a few true examples as R1's
     cold start; 0 = a new task every time."""
@@ -374,6 +377,7 @@ class WarmStartConfig(Section):
         self._require(self.lr > 0, "lr", "must be > 0")
         self._require(self.batch_size >= 1, "batch_size", "must be >= 1")
         self._require(self.examples >= 0, "examples", "must be >= 0")
+        self._require(0 <= self.random_share <= 1, "random_share", "must be in [0, 1]")
         self._require(
             self.random_low <= self.random_high, "random_low", f"must be <= random_high ({self.random_high})"
         )

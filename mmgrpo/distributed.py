@@ -30,8 +30,12 @@ SUM_KEYS = frozenset(
         "dynamic/kept_groups",
     }
 )
-FIRST_KEYS = frozenset({"step", "grad_norm", "lr", "skipped", "group_size", "dynamic/rounds"})  # the same on every process
-MAX_KEYS = frozenset({"rollout_time", "train_time", "step_time", "dynamic/gave_up"})  # the step waits for the slowest
+FIRST_KEYS = frozenset(
+    {"step", "grad_norm", "lr", "skipped", "group_size", "dynamic/rounds"}
+)  # the same on every process
+MAX_KEYS = frozenset(
+    {"rollout_time", "train_time", "step_time", "dynamic/gave_up"}
+)  # the step waits for the slowest
 
 
 def shard(items: list, rank: int, world: int) -> list:

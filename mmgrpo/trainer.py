@@ -716,6 +716,7 @@ class Trainer:
             high=w.random_high,
             seed=self.cfg.seed,
             examples=w.examples,
+            random_share=w.random_share,
             source=w.source,
             train_vision=w.train_vision,
             progress=self.progress,
