@@ -386,7 +386,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if cfg.warm_start.steps > 0:
         trainer.warm_start()
     before = trainer.evaluate()
-    what = "demonstrations" if cfg.warm_start.source == "env" else "format-only"
+    w = cfg.warm_start
+    what = (
+        "demonstrations"
+        if w.source == "env"
+        else f"true-example ({w.examples or 'all'} tasks)"
+        if "{answer}" in w.target
+        else "format-only"
+    )
     print(
         f"demo: after the {what} warm start ({cfg.warm_start.steps} steps) accuracy={before.accuracy:.3f} "
         f"(format {before.per_verifier.get('format', float('nan')):.3f})" + _tool_use(before),
