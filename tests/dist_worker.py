@@ -28,16 +28,16 @@ def main(out: Path, sets: list[str]) -> None:
             seen["rewards"] = scored.total.clone()
         return scored
 
-    def collect():
-        batch = real_collect()
+    def collect(G):
+        batch, scored, stats = real_collect(G)
         if trainer.step == 0:
             seen["seeds"] = [t.seed for t in batch.trajectories]
-        return batch
+        return batch, scored, stats
 
-    def update(tokens, adv):
+    def update(tokens, adv, G):
         if trainer.step == 0:
             seen["tokens"], seen["adv"] = tokens, adv.clone()
-        return real_update(tokens, adv)
+        return real_update(tokens, adv, G)
 
     def step(*args, **kwargs):
         if "grads" not in seen:  # step 1's gradient, after DDP's all-reduce (clipping is off: huge max norm)

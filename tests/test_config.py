@@ -180,7 +180,7 @@ def test_enum_error_lists_choices(tmp_path: Path) -> None:
         ("grpo.beta=-0.01", "'grpo.beta' must be >= 0"),
         ("grpo.dual_clip=0.5", "'grpo.dual_clip' must be > 1"),
         ("warm_start.random_low=9", "'warm_start.random_low' must be <= random_high (5)"),
-        ("warm_start.target='<answer>{x}</answer>'", "placeholder {random}"),
+        ("warm_start.target='<answer>{x}</answer>'", "placeholders {random} and {answer}"),
         ("verifiers=[{name: format}, {name: format}]", "'format' twice"),
         ("verifiers=[{weight: 2}]", "'verifiers[0]' needs the key 'name'"),
         ("model.min_pixels=100", None),  # fine alone

@@ -126,7 +126,7 @@ def test_two_processes_split_the_groups_and_match_one_process(warm_model_dir, tm
 
     single.optimizer.step = capture
     tokens = TokenBatch.concat([r0["tokens"], r1["tokens"]], single.policy.pad_token_id)
-    single.update(tokens, torch.cat([r0["adv"], r1["adv"]]))
+    single.update(tokens, torch.cat([r0["adv"], r1["adv"]]), 4)
     assert grads.keys() == r0["grads"].keys()
     worst = max(float((grads[n] - r0["grads"][n]).abs().max()) for n in grads)
     print(f"2 processes vs 1: largest gradient difference {worst:.1e}")
