@@ -79,6 +79,29 @@ def _grpo_lines(path: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMES} for r in rows if "stage" not in r]
 
 
+def _single_process_gradient(sets, tmp_path, r0, r1, G):
+    """One process's gradient (no optimizer step) on the rows the two processes trained on."""
+    from mmgrpo.config import load_config
+    from mmgrpo.trainer import Trainer
+
+    cfg = load_config(ROOT / "examples" / "counting_tiny.yaml", [*sets, f"output_dir={tmp_path / 'single'}"])
+    single = Trainer(cfg, progress=False)
+    single.policy.make_reference()
+    grads = {}
+
+    def capture(*args, **kwargs):
+        model = single.policy.model
+        grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+    single.optimizer.step = capture
+    tokens = TokenBatch.concat([r0["tokens"], r1["tokens"]], single.policy.pad_token_id)
+    single.update(tokens, torch.cat([r0["adv"], r1["adv"]]), G)
+    assert grads.keys() == r0["grads"].keys()
+    worst = max(float((grads[n] - r0["grads"][n]).abs().max()) for n in grads)
+    assert max(float(g.abs().max()) for g in grads.values()) > 1e-3  # a real gradient, not zeros
+    return worst
+
+
 def test_two_processes_split_the_groups_and_match_one_process(warm_model_dir, tmp_path):
     """2 processes, 4 tasks x G=4 per step: each process rolls out 2 whole groups (different tasks); the
     group advantages are those of the whole group; the all-reduced gradient of step 1 equals that of one
@@ -112,26 +135,9 @@ def test_two_processes_split_the_groups_and_match_one_process(warm_model_dir, tm
         assert torch.equal(r0["grads"][n], r1["grads"][n]), n
 
     # ... which equals one process's gradient on the same global batch
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
-
-    cfg = load_config(ROOT / "examples" / "counting_tiny.yaml", [*sets, f"output_dir={tmp_path / 'single'}"])
-    single = Trainer(cfg, progress=False)
-    single.policy.make_reference()
-    grads = {}
-
-    def capture(*args, **kwargs):
-        model = single.policy.model
-        grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-
-    single.optimizer.step = capture
-    tokens = TokenBatch.concat([r0["tokens"], r1["tokens"]], single.policy.pad_token_id)
-    single.update(tokens, torch.cat([r0["adv"], r1["adv"]]), 4)
-    assert grads.keys() == r0["grads"].keys()
-    worst = max(float((grads[n] - r0["grads"][n]).abs().max()) for n in grads)
+    worst = _single_process_gradient(sets, tmp_path, r0, r1, G)
     print(f"2 processes vs 1: largest gradient difference {worst:.1e}")
     assert worst < 1e-5, worst
-    assert max(float(g.abs().max()) for g in grads.values()) > 1e-3  # a real gradient, not zeros
 
     # saved and resumed: from checkpoint-1, step 2 is done again exactly and step 3 follows
     run = tmp_path / "run"
@@ -183,3 +189,26 @@ def test_accelerate_configs_load_with_accelerates_own_loader(name):
 
     cfg = load_config_from_file(str(ROOT / "examples" / "accelerate" / name))
     assert cfg.num_processes >= 2
+
+
+def test_an_uneven_split_pads_the_smaller_share_with_zero_weight_passes(warm_model_dir, tmp_path):
+    """3 tasks on 2 processes: process 0 trains 2 groups (2 micro-batches), process 1 one group and a
+    zero-weight pass so that both sync their gradients on the same backward; the result still equals
+    one process's gradient on the 12 rows."""
+    sets = [
+        f"model.path={warm_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "warm_start.steps=0",
+        "grpo.steps=1",
+        "grpo.tasks_per_step=3",
+        "grpo.group_size=4",
+        "grpo.micro_batch_size=4",
+        "grpo.max_grad_norm=1e9",
+        "grpo.beta=0.02",
+    ]
+    _launch(tmp_path, [str(ROOT / "tests" / "dist_worker.py"), str(tmp_path), *sets])
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["seeds"] == [0] * 4 + [2] * 4 and r1["seeds"] == [1] * 4
+    worst = _single_process_gradient(sets, tmp_path, r0, r1, 4)
+    print(f"uneven split: largest gradient difference {worst:.1e}")
+    assert worst < 1e-5, worst
