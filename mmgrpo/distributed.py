@@ -60,6 +60,14 @@ def global_counts(accelerator, *values: int) -> torch.Tensor:
     return accelerator.gather(local).cpu()  # (W, k)
 
 
+def global_sum(accelerator, value: float) -> float:
+    """The sum of ``value`` over processes (no collective with one process)."""
+    if accelerator.num_processes == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=accelerator.device)
+    return float(accelerator.reduce(t, reduction="sum"))
+
+
 def reduce_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One metrics record from each process's record of the same step.
 

@@ -38,7 +38,7 @@ from mmgrpo.checkpoint import (
 )
 from mmgrpo.config import Config, config_to_dict, save_config
 from mmgrpo.diagnostics import repetition
-from mmgrpo.distributed import gather_objects, global_counts, reduce_records, shard
+from mmgrpo.distributed import gather_objects, global_counts, global_sum, reduce_records, shard
 from mmgrpo.env import ChatEnv
 from mmgrpo.errors import ConfigError, EnvError, NonFiniteError
 from mmgrpo.faults import FaultTracker, check_finite
@@ -347,18 +347,20 @@ class Trainer:
         out (B at a time) until this process has its share of groups with variance, or the bound is hit
         (mmgrpo.sampling)."""
         g = self.cfg.grpo
-        if not g.dynamic_sampling:
+
+        def one_round():
             batch = self.rollout_tasks(self.next_tasks(), G)
             scored = self.rewards.score(batch.episodes, keep_nonfinite=True)  # NaN: stop or skip, not 0
             self.account_faults(batch, scored)
-            return batch, scored, {}
+            return batch, scored
+
+        if not g.dynamic_sampling:
+            return (*one_round(), {})
         need = len(shard(list(range(g.tasks_per_step)), self.rank, self.world))
         kept: list[tuple[RolloutBatch, Any]] = []
         have = dropped = rounds = 0
         while True:
-            batch = self.rollout_tasks(self.next_tasks(), G)
-            scored = self.rewards.score(batch.episodes, keep_nonfinite=True)
-            self.account_faults(batch, scored)
+            batch, scored = one_round()
             rounds += 1
             flat = zero_variance_groups(scored.total, batch.group_ids)
             rows = [i for i, gid in enumerate(batch.group_ids) if gid not in flat]
@@ -575,7 +577,7 @@ class Trainer:
                 stats["loss"] += float(out.loss.detach()) / g.num_iterations
                 for key in ("kl", "clip_frac", "ratio_mean", "entropy"):
                     stats[key] += float(getattr(out, key)) * share
-            total = float(global_counts_float(acc, float(loss_sum)))
+            total = global_sum(acc, float(loss_sum))
             if not math.isfinite(total):
                 return stats, (
                     f"step {self.step + 1}: the loss is {total} (rewards and advantages were finite); "
@@ -756,14 +758,6 @@ def check_engine(accelerator, g, world: int) -> None:
                 f"process must be one micro-batch: set grpo.micro_batch_size >= {rows}"
             )
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = rows
-
-
-def global_counts_float(accelerator, value: float) -> float:
-    """The sum of ``value`` over processes (no collective with one process)."""
-    if accelerator.num_processes == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=accelerator.device)
-    return float(accelerator.reduce(t, reduction="sum"))
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -140,11 +140,6 @@ def example_pool(env: ChatEnv, examples: int, scan: int = 5000) -> list[int]:
     return pool
 
 
-def format_batch(policy: Policy, env: ChatEnv, seeds: list[int], targets: list[str]) -> TokenBatch:
-    """Prompts of ``seeds`` paired with single-turn ``targets``."""
-    return supervised_batch(policy, [reset_group([env], s, "train")[0] for s in seeds], targets)
-
-
 def demonstration_batch(policy: Policy, env: ChatEnv, seeds: list[int], rng: random.Random) -> TokenBatch:
     """The env's demonstrations of ``seeds``, played through ``step`` and laid out as the rollout lays
     out an episode: policy turns (loss 1, each ending with end-of-turn), env turns (loss 0) between."""
