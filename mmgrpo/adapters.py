@@ -82,7 +82,10 @@ class CausalLMAdapter:
         if vision.empty:
             return {}
         v = vision.to(device, dtype=dtype)
-        kw = {k: v.stacked(k) for k in v.keys()}
+        cached = vision.has_encoded and self.caches_encoder
+        kw = {k: v.stacked(k) for k in v.keys() if not (cached and k in self.encoder_only_keys)}
+        if cached:  # the features computed once by encode_images stand in for the pixels
+            kw["mm_encoder_outputs"] = {"image": merge_encoded([e for e in vision.encoded if e is not None])}
         for k in self.batched_keys:
             if k in kw:
                 kw[k] = kw[k].unsqueeze(
@@ -93,6 +96,39 @@ class CausalLMAdapter:
     def token_type_kwargs(self, ids: Tensor) -> dict[str, Tensor]:
         """Token-type ids the family's forward wants for ids (N, L), if any."""
         return {}
+
+    # ------------------------------------------------------------------------------- encoder features
+    caches_encoder: bool = False
+    """Whether image features can be computed once (``encode_images``) and passed to later forwards as
+    ``mm_encoder_outputs`` in place of the pixels."""
+    encoder_keys: tuple[str, ...] = ()
+    """Vision keys the family's ``get_image_features`` takes."""
+    encoder_only_keys: tuple[str, ...] = ("pixel_values", "pixel_attention_mask")
+    """Vision keys only the encoder reads: left out of a forward that is given cached features."""
+
+    def encoder_config_kwargs(self) -> dict[str, Any]:
+        """Extra keywords of ``get_image_features`` that the forward fills from the config."""
+        return {}
+
+    def encode_images(self, model, vision: VisionInputs, device, dtype) -> list[Any] | None:
+        """Each sequence's image features, from ONE call of the model's ``get_image_features`` over all
+        the images of ``vision`` (None for a sequence without images); None when the family cannot cache
+        them or a sequence holds a video. Runs with whatever grad mode the caller set."""
+        if not self.caches_encoder or vision.empty or any(k not in self.vision_keys for k in vision.keys()):
+            return None
+        if any(k.endswith("videos") or k == "video_grid_thw" for k in vision.keys()):
+            return None
+        inner = _inner_model(model)
+        if inner is None or not hasattr(inner, "get_image_features"):
+            return None
+        kw = self.vision_kwargs(vision.without_encoded(), device, dtype)
+        kw = {k: v for k, v in kw.items() if k in self.encoder_keys}
+        out = inner.get_image_features(**kw, **self.encoder_config_kwargs(), return_dict=True)
+        with_images = [s for s in vision.seqs if s]
+        images = [n for n, s in zip(vision.images_per_seq, vision.seqs, strict=True) if s]
+        rows = [int(s["pixel_values"].shape[0]) for s in with_images]  # images, or sub-images (Idefics3)
+        parts = iter(split_encoded(out, images, rows))
+        return [next(parts) if s else None for s in vision.seqs]
 
     # ------------------------------------------------------------------------------------ forward keywords
     def forward_kwargs(
@@ -140,6 +176,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
     name = "vision-language"
     vision_keys = ("pixel_values",)
     placeholder_attrs: tuple[str, ...] = ("image_token_id",)
+    caches_encoder = True
+    encoder_keys = ("pixel_values",)
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -173,6 +211,7 @@ class QwenVLAdapter(VisionLanguageAdapter):
 
     name = "qwen-vl"
     vision_keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+    encoder_keys = ("pixel_values", "image_grid_thw")  # the grid stays in the forward (3-D positions)
     placeholder_attrs = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
     def token_type_kwargs(self, ids: Tensor) -> dict[str, Tensor]:
@@ -213,6 +252,14 @@ class LlavaAdapter(VisionLanguageAdapter):
     name = "llava"
     vision_keys = ("pixel_values", "image_sizes")
     vision_param_keys = ("vision_tower", "multi_modal_projector")
+    encoder_keys = ("pixel_values", "image_sizes")
+
+    def encoder_config_kwargs(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "vision_feature_layer": c.vision_feature_layer,
+            "vision_feature_select_strategy": c.vision_feature_select_strategy,
+        }
 
 
 class Idefics3Adapter(VisionLanguageAdapter):
@@ -224,6 +271,7 @@ class Idefics3Adapter(VisionLanguageAdapter):
     name = "idefics3"
     vision_keys = ("pixel_values", "pixel_attention_mask")
     batched_keys = ("pixel_values", "pixel_attention_mask")
+    encoder_keys = ("pixel_values", "pixel_attention_mask")
     vision_param_keys = ("vision_model", "connector")
 
 
@@ -249,6 +297,62 @@ FAMILIES: dict[str, type[CausalLMAdapter]] = {
     "gemma3": Gemma3Adapter,
 }
 """Vision-language model types with an adapter (config.model_type -> adapter class)."""
+
+
+def split_encoded(out, images: list[int], rows: list[int]) -> list[Any]:
+    """Cut one ``get_image_features`` output into per-sequence outputs of the same class.
+
+    ``pooler_output`` is a tuple with one tensor per image (Qwen-VL, LLaVA), cut by ``images``; a list
+    with one tensor for the one batch row that holds every sub-image (Idefics3), cut by ``rows``; or one
+    tensor with a leading row per image (Gemma 3), cut by ``rows``. Qwen3-VL's ``deepstack_features`` (per layer, one tensor per image) are cut per layer.
+    """
+    pooled = out.pooler_output
+    if isinstance(pooled, (tuple, list)) and len(pooled) == sum(images):
+        cut = [tuple(pooled[a:b]) for a, b in _offsets(images)]
+    elif isinstance(pooled, (tuple, list)) and len(pooled) == 1:  # one batch row holding every sub-image
+        per_row = pooled[0].shape[0] // max(sum(rows), 1)  # feature rows per (sub-)image, Idefics3
+        cut = [(t,) for t in pooled[0].split([r * per_row for r in rows])]
+    elif isinstance(pooled, (tuple, list)):
+        raise ValueError(f"cannot split image features of {len(pooled)} parts over {sum(images)} images")
+    else:
+        cut = list(pooled.split(rows))
+    deep = getattr(out, "deepstack_features", None)
+    deep_cut = None
+    if deep is not None:
+        starts = _offsets(images)
+        deep_cut = [[tuple(layer[a:b]) for layer in deep] for a, b in starts]
+    parts = []
+    for i, p in enumerate(cut):
+        fields = {"pooler_output": p}
+        if deep_cut is not None:
+            fields["deepstack_features"] = deep_cut[i]
+        parts.append(type(out)(**fields))
+    return parts
+
+
+def merge_encoded(parts: list[Any]) -> Any:
+    """The inverse of :func:`split_encoded`: several sequences' features as one output, in order."""
+    first = parts[0]
+    if isinstance(first.pooler_output, (tuple, list)):
+        pooled = tuple(t for p in parts for t in p.pooler_output)
+    else:
+        pooled = torch.cat([p.pooler_output for p in parts])
+    fields = {"pooler_output": pooled}
+    if getattr(first, "deepstack_features", None) is not None:
+        layers = len(first.deepstack_features)
+        fields["deepstack_features"] = [
+            tuple(t for p in parts for t in p.deepstack_features[k]) for k in range(layers)
+        ]
+    return type(first)(**fields)
+
+
+def _offsets(sizes: list[int]) -> list[tuple[int, int]]:
+    """[(start, end)] of consecutive slices of the given sizes."""
+    out, at = [], 0
+    for n in sizes:
+        out.append((at, at + n))
+        at += n
+    return out
 
 
 def _config_id(config, *names: str) -> int | None:

@@ -14,6 +14,7 @@ family lays its pixels out as (Qwen-VL: patch rows and a (t, h, w) grid per imag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -33,6 +34,10 @@ class VisionInputs:
 
     seqs: list[dict[str, Tensor]] = field(default_factory=list)
     images_per_seq: list[int] = field(default_factory=list)
+    encoded: list[Any] | None = None
+    """Per sequence, its images' features from the vision encoder (computed once, without a graph, when the
+    encoder is frozen: see ``Policy.encode_images``), or None. Forwards then take these instead of the
+    pixels. Kept by ``select`` and ``concat_rows``; dropped when sequences are merged (new images)."""
 
     def __post_init__(self) -> None:
         if not self.seqs:
@@ -66,14 +71,34 @@ class VisionInputs:
     def image_grid_thw(self) -> Tensor | None:
         return self.stacked("image_grid_thw")
 
+    @property
+    def has_encoded(self) -> bool:
+        """Whether every sequence with images carries its encoder features (so no pixels are needed)."""
+        if self.encoded is None or self.empty:
+            return False
+        return all(e is not None for e, s in zip(self.encoded, self.seqs, strict=True) if s)
+
+    def without_encoded(self) -> VisionInputs:
+        """The same images, features dropped (the forward encodes the pixels itself)."""
+        return VisionInputs(self.seqs, self.images_per_seq)
+
     def select(self, rows: list[int]) -> VisionInputs:
         """The vision inputs of sequences ``rows`` (repeats allowed: the G copies of a prompt share one)."""
-        return VisionInputs([self.seqs[r] for r in rows], [self.images_per_seq[r] for r in rows])
+        return VisionInputs(
+            [self.seqs[r] for r in rows],
+            [self.images_per_seq[r] for r in rows],
+            None if self.encoded is None else [self.encoded[r] for r in rows],
+        )
 
     @staticmethod
     def concat_rows(parts: list[VisionInputs]) -> VisionInputs:
         """One VisionInputs whose sequences are those of ``parts``, in order (the rows of each part)."""
-        return VisionInputs([s for p in parts for s in p.seqs], [k for p in parts for k in p.images_per_seq])
+        encoded = None
+        if parts and all(p.encoded is not None or p.empty for p in parts):
+            encoded = [e for p in parts for e in (p.encoded or [None] * len(p.seqs))]
+        return VisionInputs(
+            [s for p in parts for s in p.seqs], [k for p in parts for k in p.images_per_seq], encoded
+        )
 
     @staticmethod
     def _merge(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -105,7 +130,7 @@ class VisionInputs:
             )
 
         return VisionInputs(
-            [{k: move(v) for k, v in s.items()} for s in self.seqs], list(self.images_per_seq)
+            [{k: move(v) for k, v in s.items()} for s in self.seqs], list(self.images_per_seq), self.encoded
         )
 
 

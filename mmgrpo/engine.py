@@ -94,7 +94,21 @@ def sample_tokens(
         drop = probs.cumsum(dim=-1) - probs > top_p  # (N, V) mass before this token already exceeds top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(-1)  # (N,)
+    return sample_from(logits.softmax(dim=-1))  # (N,)
+
+
+def sample_from(probs: Tensor) -> Tensor:
+    """One index per row of probs (N, V) (rows sum to 1), by inverse CDF: one uniform number per row and a
+    binary search in the row's cumulative sums. The same distribution as ``torch.multinomial``, which on CPU
+    draws an exponential variate for every vocabulary entry (20x slower at V = 830). Returns (N,)."""
+    cdf = probs.cumsum(dim=-1)  # (N, V)
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]  # (N, 1)
+    # right=True: the first entry whose cumulative sum exceeds u, so a zero-probability entry (equal
+    # cumulative sum to its left neighbour) is never picked
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (N,)
+    # rounding can put u at the very top of the cdf: take the last entry with probability > 0 then
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # (N,)
+    return torch.minimum(idx, last)
 
 
 @torch.no_grad()

@@ -57,11 +57,14 @@ KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "low_var_kl")
 
 
-def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk: int = 1024) -> Tensor:
     """Log-prob (N, T) of each target token (N, T) under softmax(logits / temperature), logits (N, T, V).
 
-    Computed in float32 one sequence at a time (gather minus logsumexp), so the full (N, T, V)
-    log-softmax is never materialised and a bf16 model does not lose precision in the normaliser.
+    Computed in (at least) float32, ``chunk`` positions at a time (gather minus logsumexp), by a custom autograd
+    function: neither the forward nor the saved state ever holds the full-vocabulary log-probabilities
+    (or a float32 copy of the logits) of the whole micro-batch; the backward recomputes each chunk's
+    softmax from the logits themselves. A bf16 model does not lose precision in the normaliser, and
+    entries with logit -inf (probability 0) give no NaN.
     """
     if temperature <= 0:
         raise ValueError(
@@ -71,14 +74,50 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) ->
         raise ValueError(
             f"expected logits (N, T, V) and targets (N, T), got {tuple(logits.shape)} and {tuple(targets.shape)}."
         )
-    rows = []
-    for row_logits, row_targets in zip(logits, targets, strict=True):  # (T, V), (T,)
-        z = row_logits.float() / temperature  # (T, V)
-        picked = z.gather(-1, row_targets.long().unsqueeze(-1)).squeeze(-1)  # (T,)
-        rows.append(picked - torch.logsumexp(z, dim=-1))  # (T,)
-    if not rows:
-        return logits.new_zeros(targets.shape, dtype=torch.float32)  # (0, T)
-    return torch.stack(rows)  # (N, T)
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}.")
+    if logits.shape[0] * logits.shape[1] == 0:
+        return logits.new_zeros(targets.shape, dtype=torch.float32)  # (0, T) or (N, 0)
+    return _ChunkedTokenLogprob.apply(logits, targets.to(logits.device), float(temperature), chunk)
+
+
+class _ChunkedTokenLogprob(torch.autograd.Function):
+    """logp = z[target] - logsumexp(z), z = logits / temperature, over chunks of positions.
+
+    Saves the logits (already alive as the model's output, so no copy), the targets and the (N*T,)
+    normalisers. Backward: d logp / d logits = (onehot(target) - softmax(z)) / temperature, per chunk.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk: int) -> Tensor:
+        N, T, V = logits.shape
+        flat = logits.reshape(N * T, V)  # (M, V) a view
+        tgt = targets.reshape(N * T, 1).long()  # (M, 1)
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # at least float32
+        out = torch.empty(N * T, dtype=dtype, device=logits.device)  # (M,)
+        lse = torch.empty(N * T, dtype=dtype, device=logits.device)  # (M,)
+        for s in range(0, N * T, chunk):
+            z = flat[s : s + chunk].to(dtype) / temperature  # (m, V)
+            lse[s : s + chunk] = torch.logsumexp(z, dim=-1)  # (m,)
+            out[s : s + chunk] = z.gather(-1, tgt[s : s + chunk]).squeeze(-1) - lse[s : s + chunk]  # (m,)
+        ctx.save_for_backward(logits, tgt, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out.view(N, T)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        logits, tgt, lse = ctx.saved_tensors
+        N, T, V = logits.shape
+        t, chunk = ctx.temperature, ctx.chunk
+        flat = logits.reshape(N * T, V)  # (M, V)
+        g = grad_out.reshape(N * T, 1).to(lse.dtype)  # (M, 1)
+        grad = torch.empty_like(flat)  # (M, V) in the logits' dtype
+        for s in range(0, N * T, chunk):
+            z = flat[s : s + chunk].to(lse.dtype) / t  # (m, V)
+            gi = torch.exp(z - lse[s : s + chunk, None]).mul_(-g[s : s + chunk])  # (m, V) -p * g
+            gi.scatter_add_(-1, tgt[s : s + chunk], g[s : s + chunk])  # + g at the target
+            grad[s : s + chunk] = gi.div_(t)
+        return grad.view(N, T, V), None, None, None
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,8 @@ class Policy:
         """fp32, or bf16 / fp16: every forward runs under autocast to that dtype (weights stay as stored)."""
         self.reference = None
         self.reference_is_base = False
+        self._reference_vision_frozen = False
+        """Whether the reference copy was made with the encoder frozen (it then shares its features)."""
         """True with LoRA: the reference is this model with its adapter disabled, not a copy."""
         disable_dropout(model)
         tok = self.tokenizer
@@ -170,6 +173,37 @@ class Policy:
         ref.requires_grad_(False)
         ref.eval()
         self.reference = ref
+        self._reference_vision_frozen = self.vision_frozen
+
+    @property
+    def vision_frozen(self) -> bool:
+        """True when the model has a vision encoder whose features can be cached (see the adapter) and
+        none of its parameters (LoRA ones included) trains: an image's features are then the same in every
+        pass of a step, for the policy and for the reference alike."""
+        if not self.is_vision or not self.adapter.caches_encoder:
+            return False
+        vision = [p for n, p in self.model.named_parameters() if self.adapter.is_vision_param(n)]
+        return bool(vision) and not any(p.requires_grad for p in vision)
+
+    @torch.no_grad()
+    def encode_images(self, vision: VisionInputs, *, force: bool = False) -> VisionInputs:
+        """``vision`` with each sequence's image features attached, computed once here (one encoder call
+        for all its images, no graph), when the encoder is frozen (or ``force``); otherwise ``vision``
+        unchanged. Every later forward over these sequences (generation, the reference pass, the training
+        passes) then takes the features instead of running the vision tower again."""
+        if vision.empty or vision.has_encoded or not (force or self.vision_frozen):
+            return vision
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with self.autocast():
+                encoded = self.adapter.encode_images(model, vision, self.device, engine.model_dtype(model))
+        finally:
+            model.train(was_training)
+        if encoded is None:
+            return vision
+        return VisionInputs(vision.seqs, vision.images_per_seq, encoded)
 
     def freeze_vision(self) -> int:
         """Stop gradients into the vision encoder; returns how many parameters were frozen."""
@@ -397,7 +431,8 @@ class Policy:
                     gen_kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
                 else:
                     gen_kw.update(temperature=None, top_p=None, top_k=None)
-                out = model.generate(**self._model_inputs(prompt_ids, prompt_mask, vision, model), **gen_kw)
+                inputs = self._model_inputs(prompt_ids, prompt_mask, vision.without_encoded(), model)
+                out = model.generate(**inputs, **gen_kw)
                 return self._cut_at_stop(out[:, prompt_ids.shape[1] :].tolist())  # (N, <= max_new_tokens)
         finally:
             model.train(was_training)
@@ -436,6 +471,8 @@ class Policy:
         model = self.model if (not reference or self.reference_is_base) else self.reference
         if model is None:
             raise RuntimeError("no reference model: call make_reference() (only needed when beta > 0)")
+        if batch.vision.encoded is not None and not self._features_valid_for(reference):
+            batch = dataclasses.replace(batch, vision=batch.vision.without_encoded())
         # the shared prefill needs a KV cache, which gradient checkpointing turns off in training passes
         checkpointing = _checkpointing(unwrap(model)) and model.training
         share = share_prompt and not batch.has_response_images and not checkpointing
@@ -459,6 +496,14 @@ class Policy:
                 return logp, token_entropy(logits, temperature)  # (N, T), (N, T): entropy of each step
             with torch.no_grad():
                 return logp, token_entropy(logits.detach(), temperature)  # reported only
+
+    def _features_valid_for(self, reference: bool) -> bool:
+        """Whether cached image features (computed by the policy's frozen encoder) are what this pass's
+        model would compute: the policy's while its encoder stays frozen; the reference's when it shares
+        those weights (LoRA's base, or a copy made while the encoder was frozen)."""
+        if not self.vision_frozen:
+            return False
+        return not reference or self.reference_is_base or self._reference_vision_frozen
 
     # ------------------------------------------------------------------------------------------ saving
     def save(self, out_dir: str | Path, *, merged: bool = False) -> None:

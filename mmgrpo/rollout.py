@@ -166,6 +166,7 @@ def rollout(
     tools = [info.get("tools") or None for info in tasks]  # JSON schemas for the chat template
 
     prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P), (B, P)
+    vision = policy.encode_images(vision)  # a frozen encoder runs here, once per image, for every pass
     limit = getattr(unwrap(policy.model).config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and prompt_ids.shape[1] + max_new_tokens > limit:
         raise DataError(
