@@ -101,6 +101,10 @@ class ModelConfig(Section):
     vision_lr: float | None = None
     """Learning rate of the vision tower and projector (null = grpo.lr); a small value (e.g. lr / 10) lets
     the encoder adapt without collapsing its features. Ignored when freeze_vision is on."""
+    offload_reference: bool = False
+    """Keep the KL reference copy in CPU memory and move it to the device only for its pass (once per
+    step): frees its weights' device memory between passes at the cost of two host-device copies per
+    step. A no-op on the CPU and with LoRA (the reference is the base model, no copy)."""
 
     _aliases: ClassVar[dict[str, str]] = {
         "model_name_or_path": "path",

@@ -283,6 +283,21 @@ class SingleTurnEnv(ChatEnv):
         self._done = True
         return [], 0.0, True, False, dict(self._info or {})
 
+    def reset_like(self, other: SingleTurnEnv, seed: int) -> bool:
+        """Start the task ``other`` was just reset to with ``seed``, without building it again (the G
+        envs of a group pose one task: make_task is a pure function of (seed, split), so its result can be
+        shared; a scene is then drawn once per group, not G times). False when this env's class changes
+        reset, so that the caller resets it the normal way."""
+        if (
+            type(self) is not type(other)
+            or type(self).reset is not SingleTurnEnv.reset
+            or other._task is None
+        ):
+            return False
+        gymnasium.Env.reset(self, seed=seed)  # the same np_random state a reset(seed) leaves
+        self._task, self._info, self._done = other._task, dict(other._info or {}), False
+        return True
+
 
 # --------------------------------------------------------------------------------------------- checker
 def _fingerprint(messages: list[Message]) -> list[tuple]:

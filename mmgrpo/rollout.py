@@ -31,7 +31,7 @@ import torch
 
 from mmgrpo.adapters import unwrap
 from mmgrpo.batch import TokenBatch, VisionInputs, pad_right
-from mmgrpo.env import ChatEnv, assistant
+from mmgrpo.env import ChatEnv, SingleTurnEnv, assistant
 from mmgrpo.errors import ConfigError, DataError, EnvError
 from mmgrpo.policy import Policy
 from mmgrpo.verifier import Episode
@@ -101,7 +101,9 @@ def reset_group(envs: list[ChatEnv], seed: int, split: str) -> tuple[list[dict],
     """Reset every env of one group on the same task; returns the shared prompt and task info."""
     first_obs, first_info = envs[0].reset(seed=seed, options={"split": split})
     for env in envs[1:]:
-        env.reset(seed=seed, options={"split": split})
+        shared = isinstance(env, SingleTurnEnv) and env.reset_like(envs[0], seed)
+        if not shared:
+            env.reset(seed=seed, options={"split": split})
     return first_obs, first_info
 
 

@@ -190,6 +190,7 @@ class Trainer:
         self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
         if cfg.model.freeze_vision:
             self.policy.freeze_vision()
+        self.policy.offload_reference = cfg.model.offload_reference
         acc = self.accelerator
         self.rank, self.world, self.is_main = acc.process_index, acc.num_processes, acc.is_main_process
         check_engine(acc, g, self.world)
@@ -485,7 +486,10 @@ class Trainer:
         """Rows per micro-batch, whole groups when they fit (each prompt is then encoded once for its G
         rows), and their tokens with padding trimmed per micro-batch."""
         size = self.cfg.grpo.micro_batch_size // G * G or self.cfg.grpo.micro_batch_size
-        mbs = [list(range(i, min(i + size, len(tokens)))) for i in range(0, len(tokens), size)]
+        order = list(range(len(tokens)))
+        if len(tokens) > size and size % G == 0 and self.cfg.grpo.aggregation != "bnpo":
+            order = by_length(tokens, G)  # whole groups, shortest first: less padding per micro-batch
+        mbs = [order[i : i + size] for i in range(0, len(order), size)]
         return mbs, [tokens.select(rows) for rows in mbs]
 
     def kl_reward_penalty(self, tokens: TokenBatch, G: int) -> torch.Tensor:
@@ -493,14 +497,14 @@ class Trainer:
         from mmgrpo.kl_control import sequence_kl
 
         g, policy = self.cfg.grpo, self.policy
-        parts = []
-        with torch.no_grad():
-            for mb in self.micro_batches(tokens, G)[1]:
+        kl = torch.zeros(len(tokens))  # (N,)
+        with torch.no_grad(), policy.reference_on_device():
+            for rows, mb in zip(*self.micro_batches(tokens, G), strict=True):
                 now = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
                 ref = policy.logprobs(mb, temperature=g.temperature, reference=True)  # (n, t)
                 mask = mb.loss_mask.to(now.device)
-                parts.append(sequence_kl(now, ref, mask, g.kl_estimator).float().cpu())  # (n,)
-        return self.kl_ctl.beta * torch.cat(parts)  # (N,)
+                kl[rows] = sequence_kl(now, ref, mask, g.kl_estimator).float().cpu()  # (n,)
+        return self.kl_ctl.beta * kl  # (N,)
 
     def update(self, tokens: TokenBatch, adv: torch.Tensor, G: int) -> tuple[dict[str, float], str | None]:
         """num_iterations optimizer steps on this step's rows; the loss is normalised by the global
@@ -516,7 +520,7 @@ class Trainer:
         n_mb = int(counts[:, 2].max())  # every process runs as many backward passes (DDP syncs on the last)
 
         ref_lp, old_lp = [], []
-        with torch.no_grad():
+        with torch.no_grad(), policy.reference_on_device():
             for mb in mb_tokens:
                 ref_lp.append(
                     policy.logprobs(mb, temperature=g.temperature, reference=True) if beta > 0 else None
@@ -728,6 +732,19 @@ class Trainer:
     def save(self, out_dir: Path) -> None:
         """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""
         save_run(self.accelerator, self.policy, self.cfg, out_dir)
+
+
+def by_length(tokens: TokenBatch, G: int) -> list[int]:
+    """Row order with the groups (runs of G rows) sorted by their padded length (longest prompt plus
+    longest response), rows inside a group kept together and in order. Micro-batches cut from it hold
+    sequences of similar length, so less padding; the loss is a sum over micro-batches with whole-batch
+    normalisers, so the order does not change it (only bnpo's per-micro-batch means would, and it keeps
+    the plain order)."""
+    prompt_len = tokens.prompt_mask.sum(dim=1)  # (N,)
+    response_len = tokens.response_mask.sum(dim=1)  # (N,)
+    starts = list(range(0, len(tokens), G))
+    key = {s: (int(prompt_len[s : s + G].max()) + int(response_len[s : s + G].max()), s) for s in starts}
+    return [r for s in sorted(starts, key=key.__getitem__) for r in range(s, s + G)]
 
 
 def check_engine(accelerator, g, world: int) -> None:

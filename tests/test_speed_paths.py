@@ -165,3 +165,84 @@ def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_probabilit
     ones = torch.ones
     monkeypatch.setattr(torch, "rand", lambda *shape, **kw: ones(*shape, **kw))
     assert sample_from(torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.0, 0.8]])).tolist() == [1, 2]
+
+
+def test_length_sorted_micro_batches_give_the_one_batch_gradient(tiny_model_dir, tmp_path):
+    """Micro-batches are cut from groups sorted by length (less padding); the gradient is the one of a
+    single micro-batch over all rows, as the loss normalisers are whole-batch totals."""
+    from mmgrpo.config import load_config
+    from mmgrpo.trainer import Trainer
+
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "env.name=counting",
+        "verifiers=[{name: number_match}]",
+        "grpo.tasks_per_step=4",
+        "grpo.group_size=2",
+        "grpo.micro_batch_size=2",
+        "grpo.beta=0.04",
+        "grpo.max_new_tokens=6",
+    ]
+    trainer = Trainer(load_config(None, sets), progress=False)
+    trainer.policy.make_reference()
+    torch.manual_seed(0)
+    tokens = trainer.rollout_tasks(list(range(4)), 2).tokens
+    mbs, _ = trainer.micro_batches(tokens, 2)
+    lengths = [int(tokens.prompt_mask[r].sum(1).max() + tokens.response_mask[r].sum(1).max()) for r in mbs]
+    assert lengths == sorted(lengths) and sorted(r for m in mbs for r in m) == list(range(8))
+    trainer.optimizer.step = lambda: None  # keep the weights: compare the gradients themselves
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])
+    grads = []
+    for size in (2, 8):
+        trainer.cfg = dataclasses.replace(
+            trainer.cfg, grpo=dataclasses.replace(trainer.cfg.grpo, micro_batch_size=size)
+        )
+        stats, problem = trainer.update(tokens, adv, 2)
+        assert problem is None
+        grads.append([p.grad.clone() for p in trainer.policy.model.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_the_patch_embedding_as_a_product_equals_the_convolution(tiny_model_dir):
+    """Qwen-VL's Conv3d patch embedding (kernel = stride = the patch) becomes a matrix product with the
+    same values and gradients; the reference copy's embedding uses the copy's own weights."""
+    from transformers import AutoModelForImageTextToText
+
+    plain = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    policy = Policy.from_pretrained(tiny_model_dir)
+    conv, fast = plain.model.visual.patch_embed, policy.model.model.visual.patch_embed
+    assert fast.forward.__func__.__name__ == "_patch_embed_as_linear"
+    x = torch.randn(64, conv.proj.weight[0].numel())
+    a, b = conv(x), fast(x)
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    ga = torch.autograd.grad(a.square().sum(), conv.proj.weight)[0]
+    gb = torch.autograd.grad(b.square().sum(), fast.proj.weight)[0]
+    torch.testing.assert_close(gb, ga, atol=1e-4, rtol=1e-4)
+    policy.make_reference()
+    with torch.no_grad():
+        fast.proj.weight.add_(1.0)  # the policy moves on; the reference must not follow
+    torch.testing.assert_close(policy.reference.model.visual.patch_embed(x), a, atol=1e-5, rtol=1e-5)
+
+
+def test_a_group_draws_its_scene_once(monkeypatch):
+    """The G envs of a group share the task the first one built (make_task is pure), with the same
+    generator state a reset(seed) leaves."""
+    from mmgrpo.rollout import reset_group
+
+    made = []
+    original = CountingEnv.make_task
+    monkeypatch.setattr(
+        CountingEnv, "make_task", lambda self, seed, split: made.append(seed) or original(self, seed, split)
+    )
+    envs = [CountingEnv() for _ in range(4)]
+    obs, info = reset_group(envs, 7, "train")
+    assert made == [7]
+    fresh = CountingEnv()
+    fresh_obs, fresh_info = fresh.reset(seed=7, options={"split": "train"})
+    assert info == fresh_info and len(made) == 2
+    draw = fresh.np_random.integers(0, 10**9)
+    for env in envs:
+        assert env.np_random.integers(0, 10**9) == draw  # as if reset(seed=7)
+        assert env.step("<answer>3</answer>")[4] == fresh_info
