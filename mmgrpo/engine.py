@@ -17,10 +17,12 @@ Generation uses the same prefill: B prompts encoded once, G samples decoded on t
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import DynamicLayer
 
 from mmgrpo.adapters import CausalLMAdapter, unwrap
 from mmgrpo.batch import TokenBatch, VisionInputs
@@ -30,7 +32,12 @@ def cache_kwarg(model) -> str:
     """The forward keyword that takes a KV cache: ``cache`` in recent transformers, else past_key_values."""
     m = unwrap(model)
     m = m.get_base_model() if hasattr(m, "get_base_model") else m  # a LoRA wrapper takes **kwargs
-    params = inspect.signature(m.forward).parameters
+    return _cache_kwarg_of(type(m))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters  # once per class: a decode step asks every time
     return "cache" if "cache" in params else "past_key_values"
 
 
@@ -72,6 +79,39 @@ def repeat_cache(cache, G: int) -> bool:
         return False
     repeat(G)
     return True
+
+
+class _ReservedLayer(DynamicLayer):
+    """A growing KV-cache layer written in place into buffers with room for the tokens still to come,
+    instead of concatenating (copying the whole cache) at every decode step. ``keys`` / ``values`` are
+    views of the filled part, so everything that reads them (lengths, masks) sees a plain layer."""
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        n, m = self.keys.shape[-2], key_states.shape[-2]
+        if n + m > self._room:  # more than reserved: grow the plain way
+            return super().update(key_states, value_states, *args, **kwargs)
+        self._kbuf[:, :, n : n + m] = key_states
+        self._vbuf[:, :, n : n + m] = value_states
+        self.keys, self.values = self._kbuf[:, :, : n + m], self._vbuf[:, :, : n + m]
+        return self.keys, self.values
+
+
+def reserve(cache, extra: int) -> int:
+    """Give every plain growing layer of ``cache`` room for ``extra`` more positions (see _ReservedLayer);
+    other layer kinds (sliding windows, static caches) are left as they are. Returns how many changed."""
+    changed = 0
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is not DynamicLayer or not layer.is_initialized or layer.keys.dim() != 4:
+            continue
+        N, H, L, D = layer.keys.shape
+        layer._kbuf = layer.keys.new_empty((N, H, L + extra, D))  # (N, H, L + extra, D)
+        layer._vbuf = layer.values.new_empty((N, H, L + extra, layer.values.shape[-1]))
+        layer._kbuf[:, :, :L], layer._vbuf[:, :, :L] = layer.keys, layer.values
+        layer._room = L + extra
+        layer.keys, layer.values = layer._kbuf[:, :, :L], layer._vbuf[:, :, :L]
+        layer.__class__ = _ReservedLayer
+        changed += 1
+    return changed
 
 
 def sample_tokens(
@@ -138,6 +178,7 @@ def generate(
     without ``return_logprobs``).
     """
     logits, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)  # (N, V)
+    reserve(cache, max_new_tokens)
     mask = mask.repeat_interleave(G, dim=0).to(device)  # (N, L), grows a column per step
     done = torch.zeros(mask.shape[0], dtype=torch.bool, device=device)  # (N,)
     stops = torch.as_tensor(stop_ids, device=device)  # (S,)
