@@ -356,8 +356,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from mmgrpo.config import load_config
+    from mmgrpo.local_processes import choose_processes, launch
     from mmgrpo.tiny import build_tiny_model, is_model_dir
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.trainer import Trainer, load_policy
 
     t0 = time.perf_counter()
     out = Path(args.out)
@@ -399,13 +400,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"(format {before.per_verifier.get('format', float('nan')):.3f})" + _tool_use(before),
         flush=True,
     )
-    trainer.train()
+    processes = choose_processes(args.processes, str(trainer.policy.device))
+    if processes > 1:
+        # GRPO on every core: save the warm-started model, train it on N processes (data parallel), then
+        # evaluate their final model here
+        warm = out / "warm-started"
+        trainer.save(warm)
+        print(f"demo: GRPO on {processes} processes (one per core, data parallel)", flush=True)
+        grpo = [*overrides, f"model.path={warm}", "warm_start.steps=0"]
+        launch(config, grpo, processes, progress=not args.no_progress)
+        trainer.policy = load_policy(cfg, model_path=str(run_dir / "final"))
+    else:
+        trainer.train()
     after = trainer.evaluate()
     summary = {
         "base": base.accuracy,
         "before": before.accuracy,
         "after": after.accuracy,
         "n": n,
+        "processes": processes,
         "seconds": time.perf_counter() - t0,
         "tool_use_before": before.episode_metrics,
         "tool_use_after": after.episode_metrics,
@@ -516,6 +529,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--config", default=None, help="default: the task's config under examples/")
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sp.add_argument(
+        "--processes",
+        default="auto",
+        help="GRPO on this many local processes, data parallel (auto: one per CPU core, at most 2; 1 on "
+        "a GPU; 1 trains in this process)",
+    )
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_demo)
     return p

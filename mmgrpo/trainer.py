@@ -637,7 +637,13 @@ class Trainer:
         if self.is_main:
             save_config(self.cfg, self.out / "config.yaml")
         record: dict[str, Any] = {}
-        bar = tqdm(total=g.steps, initial=self.step, desc="grpo", unit="step", disable=not self.progress)
+        bar = tqdm(
+            total=g.steps,
+            initial=self.step,
+            desc="grpo",
+            unit="step",
+            disable=not (self.progress and self.is_main),
+        )
         while self.step < g.steps:
             if self.agree_stop():
                 bar.close()
