@@ -15,7 +15,6 @@ times bimodal.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import tempfile
 import time
@@ -116,7 +115,7 @@ def main() -> None:
         for _ in range(2):
             trainer.train_step()
         instrument(trainer)
-        with profile(activities=[ProfilerActivity.CPU]) as prof, contextlib.ExitStack():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 trainer.train_step()

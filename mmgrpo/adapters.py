@@ -335,8 +335,9 @@ def split_encoded(out, images: list[int], rows: list[int]) -> list[Any]:
     tensor with a leading row per image (Gemma 3), cut by ``rows``. Qwen3-VL's ``deepstack_features`` (per layer, one tensor per image) are cut per layer.
     """
     pooled = out.pooler_output
+    per_image = _offsets(images)  # (start, end) of each sequence's images
     if isinstance(pooled, (tuple, list)) and len(pooled) == sum(images):
-        cut = [tuple(pooled[a:b]) for a, b in _offsets(images)]
+        cut = [tuple(pooled[a:b]) for a, b in per_image]
     elif isinstance(pooled, (tuple, list)) and len(pooled) == 1:  # one batch row holding every sub-image
         per_row = pooled[0].shape[0] // max(sum(rows), 1)  # feature rows per (sub-)image, Idefics3
         cut = [(t,) for t in pooled[0].split([r * per_row for r in rows])]
@@ -347,8 +348,7 @@ def split_encoded(out, images: list[int], rows: list[int]) -> list[Any]:
     deep = getattr(out, "deepstack_features", None)
     deep_cut = None
     if deep is not None:
-        starts = _offsets(images)
-        deep_cut = [[tuple(layer[a:b]) for layer in deep] for a, b in starts]
+        deep_cut = [[tuple(layer[a:b]) for layer in deep] for a, b in per_image]
     parts = []
     for i, p in enumerate(cut):
         fields = {"pooler_output": p}
