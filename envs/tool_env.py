@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mmgrpo.env import ChatEnv, Message, Task, check_step, start_task
+from mmgrpo.env import ChatEnv, DemoTurn, Message, Task, check_step, start_task
 from mmgrpo.tools import Tool, ToolRunner, as_tool, count_failures, tool_message
 
 
@@ -60,11 +60,22 @@ class ToolEnv(ChatEnv):
     def make_task(self, seed: int, split: str) -> Task:
         raise NotImplementedError(f"{type(self).__name__} must implement make_task(seed, split) -> Task")
 
-    def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str] | None:
+    skill: str = ""
+    """What ``skill_probe`` measures, in a few words (e.g. "copy the calculator's result into the answer")."""
+
+    def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[DemoTurn] | None:
         """Assistant turns for the supervised warm start (``warm_start.source: env``), or None if the env has
-        none. The warm start plays them through ``step`` (tools really run) and trains on the policy turns.
-        Each env documents what its demonstrations teach; the built-in ones teach the call syntax and leave
-        the choice of tool, timing or arguments to GRPO."""
+        none. The warm start plays them through ``step`` (tools really run) and trains on the policy turns,
+        except what is wrapped in ``Shown`` (a whole turn, or pieces of a turn given as a tuple of pieces):
+        played and laid out, not trained on. Each env documents what its
+        demonstrations teach; the built-in ones teach the call syntax and leave the choice of tool, timing or
+        arguments to GRPO."""
+        return None
+
+    def skill_probe(self, info: dict[str, Any]) -> list[DemoTurn] | None:
+        """The check of what the demonstrations must have taught, or None: turns as ``demonstration`` returns
+        them, whose taught (not ``Shown``) turns the warm-started policy must reproduce token for token under
+        greedy decoding. The warm start runs it on held-out tasks and stops the run when too few pass."""
         return None
 
     def episode_tools(self, task: Task) -> list[Tool | Callable[..., Any]]:

@@ -396,7 +396,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else "format-only"
     )
     print(
-        f"demo: after the {what} warm start ({cfg.warm_start.steps} steps) accuracy={before.accuracy:.3f} "
+        f"demo: after the {what} warm start ({trainer.warm_start_steps} steps) accuracy={before.accuracy:.3f} "
         f"(format {before.per_verifier.get('format', float('nan')):.3f})" + _tool_use(before),
         flush=True,
     )

@@ -371,6 +371,15 @@ class WarmStartConfig(Section):
     train_vision: bool = False
     """Also train the vision encoder. Off by default: format-only targets carry no visual signal, and
     training the encoder on them collapses its features (measured on the tiny model)."""
+    check_tasks: int = 64
+    """After the warm start, measure the skill it was meant to teach on this many held-out tasks (the env's
+    ``skill_probe`` for demonstrations, else the target's form under greedy decoding); 0 = no check."""
+    min_skill: float = 0.5
+    """Stop before GRPO (one line naming the skill and its rate) when the checked skill's rate is below
+    this: GRPO cannot reinforce what the policy never does. 0 = report only."""
+    check_every: int = 0
+    """Also measure the skill every this many warm-start steps and end the warm start as soon as it reaches
+    ``min_skill`` (``steps`` is then the most it may take); 0 = measure once, at the end."""
 
     @property
     def enabled(self) -> bool:
@@ -382,6 +391,9 @@ class WarmStartConfig(Section):
         self._require(self.batch_size >= 1, "batch_size", "must be >= 1")
         self._require(self.examples >= 0, "examples", "must be >= 0")
         self._require(0 <= self.random_share <= 1, "random_share", "must be in [0, 1]")
+        self._require(self.check_tasks >= 0, "check_tasks", "must be >= 0")
+        self._require(self.check_every >= 0, "check_every", "must be >= 0")
+        self._require(0 <= self.min_skill <= 1, "min_skill", "must be in [0, 1]")
         self._require(
             self.random_low <= self.random_high, "random_low", f"must be <= random_high ({self.random_high})"
         )

@@ -186,6 +186,26 @@ class AssistantText(Text):
 
 
 # --------------------------------------------------------------------------------------------- envs
+@dataclass(frozen=True)
+class Shown:
+    """A policy turn of a demonstration that is shown, not taught: the warm start plays it through ``step``
+    and lays out its tokens like any policy turn, but trains on none of them (loss mask 0). It lets a
+    demonstration drill one skill (copy a tool's result into the answer) on a context that the policy is
+    not taught to produce (the right call, which GRPO has to find)."""
+
+    text: str
+
+
+DemoTurn = str | Shown | tuple[str | Shown, ...]
+"""A demonstration turn: taught text, a ``Shown`` turn, or a tuple of pieces (taught text and ``Shown``)."""
+
+
+def turn_pieces(turn: DemoTurn) -> list[tuple[str, bool]]:
+    """A demonstration turn as (text, taught) pieces, in order."""
+    items = turn if isinstance(turn, tuple) else (turn,)
+    return [(p.text, False) if isinstance(p, Shown) else (p, True) for p in items]
+
+
 class ChatEnv(gymnasium.Env):
     """Base class of every mmgrpo environment: observations are messages, the action is assistant text.
 

@@ -41,6 +41,11 @@ class FaultError(MmgrpoError):
     """
 
 
+class WarmStartError(MmgrpoError):
+    """A warm start ended without the skill it was meant to teach (measured on held-out tasks), so GRPO
+    from it could not succeed; the message names the skill, the measured rate and what to change."""
+
+
 class NonFiniteError(MmgrpoError):
     """A reward, advantage or loss is NaN or infinite; an update with it would ruin the weights."""
 

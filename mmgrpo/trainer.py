@@ -188,6 +188,8 @@ class Trainer:
         )
         set_seed(cfg.seed + self.accelerator.process_index)  # each process samples its own episodes
         self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
+        self.skill_check = None  # the warm start's skill check (mmgrpo.warm_check), once it ran
+        self.warm_start_steps = 0  # the warm start's steps, fewer than warm_start.steps when it stopped early
         if cfg.model.freeze_vision:
             self.policy.freeze_vision()
         self.policy.offload_reference = cfg.model.offload_reference
@@ -713,11 +715,31 @@ class Trainer:
         )
 
     def warm_start(self) -> float:
-        """The supervised format-only cold start of ``cfg.warm_start`` (see mmgrpo.warmstart)."""
+        """The supervised cold start of ``cfg.warm_start`` (see mmgrpo.warmstart), then the check of the
+        skill it was meant to teach (mmgrpo.warm_check): WarmStartError when it is missing. With
+        ``check_every`` the skill is also measured during the warm start, which stops once it is there."""
+        from mmgrpo.warm_check import check_skill, require_skill
         from mmgrpo.warmstart import warm_start
 
         w = self.cfg.warm_start
-        return warm_start(
+        early: dict = {}  # the check that ended the warm start early, if one did
+
+        def measure(step: int):
+            check = check_skill(
+                self.policy, self.make_env, source=w.source, template=w.target, tasks=w.check_tasks
+            )
+            if check is not None:
+                self.log({"stage": "warm_start_check", "step": step, "rate": check.rate, "n": check.n})
+            return check
+
+        def done(step: int) -> bool:
+            check = measure(step)
+            if check is not None and check.rate < w.min_skill:
+                return False
+            early.update(step=step, check=check)
+            return True
+
+        nll = warm_start(
             self.policy,
             self.make_env,
             steps=w.steps,
@@ -733,7 +755,18 @@ class Trainer:
             train_vision=w.train_vision,
             progress=self.progress,
             log=self.log,
+            check_every=w.check_every if w.check_tasks > 0 and w.min_skill > 0 else 0,
+            done=done,
         )
+        self.warm_start_steps = early.get("step", w.steps)
+        if w.check_tasks > 0:
+            check = early["check"] if early else measure(w.steps)
+            self.skill_check = check
+            if check is not None:
+                if self.is_main:
+                    print(f"warm start: {check.line()} after {self.warm_start_steps} steps", flush=True)
+                require_skill(check, w.min_skill, steps=w.steps, lr=w.lr)
+        return nll
 
     def save(self, out_dir: Path) -> None:
         """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from mmgrpo.batch import TokenBatch, VisionInputs, pad_right
-from mmgrpo.env import ChatEnv, assistant
+from mmgrpo.env import ChatEnv, DemoTurn, assistant, turn_pieces
 from mmgrpo.errors import ConfigError
 from mmgrpo.policy import Policy
 from mmgrpo.rollout import reset_group
@@ -76,8 +76,12 @@ def warm_start(
     train_vision: bool = False,
     progress: bool = True,
     log: Callable[[dict], None] | None = None,
+    check_every: int = 0,
+    done: Callable[[int], bool] | None = None,
 ) -> float:
-    """Run ``steps`` supervised steps; returns the last loss (mean negative log-likelihood per token)."""
+    """Run ``steps`` supervised steps; returns the last loss (mean negative log-likelihood per token).
+    With ``check_every`` and ``done``, stop early after a step ``k`` (a multiple of ``check_every``) for which
+    ``done(k)`` says the skill is there (mmgrpo.warm_check measures it on held-out tasks)."""
     from tqdm.auto import tqdm
 
     rng = random.Random(seed)
@@ -117,6 +121,9 @@ def warm_start(
         bar.set_postfix(nll=f"{loss_value:.3f}")
         if log is not None:
             log({"stage": "warm_start", "step": step + 1, "nll": loss_value})
+        if done is not None and check_every > 0 and (step + 1) % check_every == 0 and step + 1 < steps:
+            if done(step + 1):
+                break
     bar.close()
     return loss_value
 
@@ -140,20 +147,29 @@ def example_pool(env: ChatEnv, examples: int, scan: int = 5000) -> list[int]:
     return pool
 
 
-def demonstration_batch(policy: Policy, env: ChatEnv, seeds: list[int], rng: random.Random) -> TokenBatch:
+def demonstration_batch(
+    policy: Policy,
+    env: ChatEnv,
+    seeds: list[int],
+    rng: random.Random,
+    *,
+    split: str = "train",
+    play: Callable[[dict], list[DemoTurn]] | None = None,
+) -> TokenBatch:
     """The env's demonstrations of ``seeds``, played through ``step`` and laid out as the rollout lays
-    out an episode: policy turns (loss 1, each ending with end-of-turn), env turns (loss 0) between."""
+    out an episode: policy turns (loss 1, each ending with end-of-turn; ``Shown`` turns or pieces 0), env turns
+    (loss 0) between. ``play(info)`` gives the turns instead of ``env.demonstration`` (the skill probe)."""
     prompts, tools, responses, masks, images = [], [], [], [], []
     for s in seeds:
-        messages, info = env.reset(seed=s, options={"split": "train"})
-        turns = env.demonstration(info, rng) or []
+        messages, info = env.reset(seed=s, options={"split": split})
+        turns = (play(info) if play is not None else env.demonstration(info, rng)) or []
         ids: list[int] = []
         mask: list[int] = []
         row_images: list[VisionInputs] = []
         history = list(messages)
-        for k, text in enumerate(turns):
-            turn = policy.encode_text(text) + [policy.end_of_turn_id]
-            ids, mask = ids + turn, mask + [1] * len(turn)
+        for k, item in enumerate(turns):
+            text, turn, taught = encode_turn(policy, item)
+            ids, mask = ids + turn + [policy.end_of_turn_id], mask + taught + [taught[-1] if taught else 1]
             history.append(assistant(text))
             obs, _, terminated, truncated, _ = env.step(text)
             if terminated or truncated or not obs or k == len(turns) - 1:
@@ -181,3 +197,23 @@ def demonstration_batch(policy: Policy, env: ChatEnv, seeds: list[int], rng: ran
         vision,
         response_vision=None if response_vision.empty else response_vision,
     )
+
+
+def encode_turn(policy: Policy, turn: DemoTurn) -> tuple[str, list[int], list[int]]:
+    """A demonstration turn's text, its token ids (as ``encode_text`` gives them: the whole text at once)
+    and per token 1 when taught, 0 when it overlaps a ``Shown`` piece."""
+    pieces = turn_pieces(turn)
+    text = "".join(t for t, _ in pieces)
+    if all(taught for _, taught in pieces) or not any(taught for _, taught in pieces):
+        ids = policy.encode_text(text)
+        return text, ids, [int(pieces[0][1] if pieces else 1)] * len(ids)
+    shown, at = [], 0  # character spans of the shown pieces
+    for t, taught in pieces:
+        if not taught:
+            shown.append((at, at + len(t)))
+        at += len(t)
+    enc = policy.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [  # a token is shown (0) when its characters [s, e) overlap a shown piece's [a, b)
+        int(not any(s < b and a < e for a, b in shown)) for s, e in enc["offset_mapping"]
+    ]
+    return text, list(enc["input_ids"]), mask

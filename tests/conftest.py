@@ -9,6 +9,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--demo-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra --set override for the slow demo tests (repeatable), e.g. --demo-set seed=1, or "
+        "--demo-set grpo.steps=5 to see a demo test fail when GRPO is cut short",
+    )
+
+
+@pytest.fixture
+def demo_sets(request) -> list[str]:
+    """The ``--set`` arguments given with ``--demo-set`` (the slow demo tests pass them to ``mmgrpo demo``)."""
+    return [x for item in request.config.getoption("--demo-set") for x in ("--set", item)]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     from mmgrpo.tiny import build_tiny_model
@@ -31,6 +48,8 @@ SMALL_RUN = [
     "grpo.micro_batch_size=4",
     "warm_start.steps=2",
     "warm_start.batch_size=4",
+    "warm_start.check_tasks=4",  # two warm-start steps teach nothing: measure the skill, do not require it
+    "warm_start.min_skill=0",
     "eval.episodes=6",
     "eval.batch_size=6",
 ]

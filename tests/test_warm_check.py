@@ -1,0 +1,145 @@
+"""The warm start's skill check: what it measures, that it counts greedy reproductions, and that a warm start
+too short to teach its skill stops the run with one line naming the skill and the rate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from mmgrpo.env import Shown
+from mmgrpo.envs.tool_math import ToolMathEnv
+from mmgrpo.errors import WarmStartError
+from mmgrpo.tools import tool_call_text
+from mmgrpo.warm_check import SkillCheck, _probe_passes, require_skill, target_pattern
+
+
+def test_target_pattern_accepts_the_form_with_any_number():
+    form = target_pattern("<answer>{random}</answer>")
+    assert form.fullmatch("<answer>3</answer>") and form.fullmatch("<answer>-12</answer>")
+    assert (
+        not form.fullmatch("<answer></answer>")
+        and not form.fullmatch("3")
+        and not form.fullmatch("<answer>x</answer>")
+    )
+    assert target_pattern("Answer: {answer}.").fullmatch("Answer: blue.")
+
+
+def test_copy_drills_hide_only_the_operator_of_the_right_call(tiny_policy):
+    """A drill is the right call with its operator shown (loss 0) and everything else taught: the
+    question's numbers copied into the call, the tool's result copied into the answer."""
+    from mmgrpo.warmstart import demonstration_batch
+
+    env = ToolMathEnv(demo_copy_prob=1.0)
+    _, info = env.reset(seed=3)
+    turns = env.demonstration(info, random.Random(0))
+    head, op, tail = turns[0]
+    assert (
+        isinstance(op, Shown)
+        and op.text == " *"
+        and head + op.text + tail
+        == tool_call_text("calculator", {"expression": f"{info['a']} * {info['b']}"})
+    )
+    assert turns[1] == f"<answer>{info['a'] * info['b']}</answer>"
+    batch = demonstration_batch(tiny_policy, env, [3], random.Random(0))
+    n = int(batch.response_mask[0].sum())
+    ids, mask = batch.response_ids[0][:n].tolist(), batch.loss_mask[0][:n].tolist()
+    runs = [mask[0]] + [m for k, m in enumerate(mask[1:], 1) if m != mask[k - 1]]
+    assert runs == [1, 0, 1, 0, 1]  # call head, operator, call tail (and end of turn), tool turn, answer
+    hidden = [t for t, m in zip(ids, mask, strict=True) if m == 0]
+    first_gap = mask.index(0)
+    assert tiny_policy.tokenizer.decode(ids[first_gap : first_gap + mask[first_gap:].index(1)]) == " *"
+    taught = tiny_policy.tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 1])
+    assert f"{info['a']}" in taught and f" {info['b']}" in taught
+    assert f"<answer>{info['a'] * info['b']}</answer>" in taught
+    assert "<tool_response>" in tiny_policy.tokenizer.decode(hidden)
+
+
+def test_probe_counts_rows_whose_taught_tokens_are_all_greedy(tiny_policy, monkeypatch):
+    """With logits that put the maximum on the right token everywhere every probe passes; moving the
+    maximum off the right token at one taught position of row 0 fails exactly that row."""
+    from mmgrpo import engine
+
+    env = ToolMathEnv()
+    spoil = {"on": False}
+
+    def forced(model, adapter, batch, device):
+        N, T = batch.response_ids.shape
+        logits = torch.zeros(N, T, len(tiny_policy.tokenizer))  # (N, T, V)
+        logits.scatter_(-1, batch.response_ids[..., None], 1.0)
+        if spoil["on"]:
+            t = int(batch.loss_mask[0].nonzero()[1])  # the second taught token of row 0
+            logits[0, t, batch.response_ids[0, t]] = -1.0
+        return logits
+
+    monkeypatch.setattr(engine, "response_logits_full", forced)
+    assert _probe_passes(tiny_policy, env, [0, 1, 2]) == [True, True, True]
+    spoil["on"] = True
+    assert _probe_passes(tiny_policy, env, [0, 1, 2]) == [False, True, True]
+
+
+def test_require_skill_names_the_skill_the_rate_and_the_fix():
+    check = SkillCheck("copy the calculator's result into the answer", 3, 64)
+    with pytest.raises(WarmStartError) as err:
+        require_skill(check, 0.8, steps=5, lr=1e-3)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "copy the calculator's result into the answer: 3/64" in msg and "(0.05)" in msg
+    assert "warm_start.steps=5" in msg and "warm_start.min_skill=0.8" in msg
+    require_skill(check, 0.04, steps=5, lr=1e-3)  # enough: no error
+    require_skill(None, 0.9, steps=5, lr=1e-3)  # nothing to check: no error
+
+
+def test_a_too_short_warm_start_stops_before_grpo_with_one_line(tiny_model_dir, tmp_path, capsys):
+    from mmgrpo.cli import main
+
+    out = tmp_path / "run"
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={out}",
+        "warm_start.steps=3",
+        "warm_start.batch_size=4",
+        "warm_start.check_tasks=16",
+        "warm_start.min_skill=0.8",
+        "grpo.steps=1",
+    ]
+    code = main(
+        ["train", "examples/tools_math_tiny.yaml", *(x for s in sets for x in ("--set", s)), "--no-progress"]
+    )
+    assert code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mmgrpo:")]
+    assert len(err) == 1, err
+    assert err[0].startswith("mmgrpo: error: the warm start did not teach the skill GRPO needs: ")
+    assert f"{ToolMathEnv.skill}: 0/16 held-out tasks (0.00)" in err[0]
+    assert not (out / "final").exists()  # no GRPO ran
+
+
+def test_warm_start_ends_at_the_first_check_that_passes(tiny_model_dir):
+    from mmgrpo.policy import Policy
+    from mmgrpo.registry import make_env
+    from mmgrpo.warmstart import warm_start
+
+    policy = Policy.from_pretrained(tiny_model_dir)
+    logged, asked = [], []
+
+    def done(step: int) -> bool:
+        asked.append(step)
+        return step >= 4
+
+    warm_start(
+        policy,
+        lambda: make_env("counting"),
+        steps=10,
+        lr=1e-3,
+        batch_size=2,
+        template="<answer>{random}</answer>",
+        low=1,
+        high=5,
+        seed=0,
+        progress=False,
+        log=logged.append,
+        check_every=2,
+        done=done,
+    )
+    assert asked == [2, 4] and [r["step"] for r in logged] == [1, 2, 3, 4]
