@@ -15,8 +15,18 @@ a random choice between
 
 So after the warm start the policy knows how a call looks, copies the question's numbers into it and the
 tool's result into its answer, but mostly calls with the wrong operation (greedy decoding picks a wrong
-one: 0.35 each against 0.2); when to call, and with which expression, is what GRPO has to find (the metrics show it: ``env/right_call``, the share of episodes that called the calculator on the question's
+one: 0.35 each against 0.2); when to call, and with which expression, is what GRPO has to find (the
+metrics show it: ``env/right_call``, the share of episodes that called the calculator on the question's
 expression, next to ``tools/used_frac`` and the success rate).
+
+Copy drills (``demo_copy_prob`` of the demonstrations, default 0.3, drawn before the mix above) are right
+calls whose operator is shown, not taught (``Shown``: loss mask 0), followed by the answer that copies the
+result: they teach copying the question's numbers into the call and a product into the answer without
+teaching which operation to pick. The mix alone shows a product's result in 2 of 10 demonstrations and the
++/- results (2-3 digits) in 7; a tiny model trained on it for 600 steps copied 2-3 digit results but not
+4-digit products (0 of 20), so a right call never earned a reward and GRPO abandoned the tool. After the
+warm start the same drill on held-out tasks is the check (``skill_probe``): with the right operator shown,
+greedy decoding must write the rest of the call and the answer token for token.
 
 Determinism: a task is a pure function of ``(seed, split)`` through ``scene_seed`` (train seeds even, eval
 seeds odd generator seeds), as in ``counting`` and ``text_math``.
@@ -28,7 +38,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from mmgrpo.env import Task
+from mmgrpo.env import DemoTurn, Shown, Task
 from mmgrpo.envs.text_math import OPS, arithmetic_task
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError, did_you_mean
@@ -47,7 +57,7 @@ class ToolMathEnv(ToolEnv):
         ops: operators to draw from, a subset of ``"+"``, ``"-"``, ``"*"`` (default ``["*"]``).
         low, high: operands are uniform integers in ``[low, high]`` (default 10..99).
         tools: built-in tool names offered to the model (default ``["calculator"]``; see mmgrpo.toolbox).
-        demo_answer_prob, demo_wrong_op_prob: the warm-start mix (module docstring).
+        demo_answer_prob, demo_wrong_op_prob, demo_copy_prob: the warm-start mix (module docstring).
         system_prompt, question: the texts (question formatted with ``a``, ``op``, ``b``).
         timeout_s, max_result_chars, max_calls_per_turn: the tool runner's limits.
     """
@@ -61,6 +71,7 @@ class ToolMathEnv(ToolEnv):
         tools: Sequence[str] = ("calculator",),
         demo_answer_prob: float = 0.1,
         demo_wrong_op_prob: float = 0.7,
+        demo_copy_prob: float = 0.3,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         question: str = DEFAULT_QUESTION,
         timeout_s: float = 5.0,
@@ -84,7 +95,11 @@ class ToolMathEnv(ToolEnv):
             raise ConfigError(f"ToolMathEnv(low={low!r}, high={high!r}): expected ints")
         if low > high:
             raise ConfigError(f"ToolMathEnv(low={low}, high={high}): expected low <= high")
-        for kwarg, p in (("demo_answer_prob", demo_answer_prob), ("demo_wrong_op_prob", demo_wrong_op_prob)):
+        for kwarg, p in (
+            ("demo_answer_prob", demo_answer_prob),
+            ("demo_wrong_op_prob", demo_wrong_op_prob),
+            ("demo_copy_prob", demo_copy_prob),
+        ):
             if not 0.0 <= p <= 1.0:
                 raise ConfigError(f"ToolMathEnv({kwarg}={p!r}): expected a probability in [0, 1]")
         if demo_answer_prob + demo_wrong_op_prob > 1.0:
@@ -104,13 +119,18 @@ class ToolMathEnv(ToolEnv):
         )
         self.ops, self.low, self.high = tuple(ops), low, high
         self.demo_answer_prob, self.demo_wrong_op_prob = demo_answer_prob, demo_wrong_op_prob
+        self.demo_copy_prob = demo_copy_prob
         self.system_prompt, self.question = system_prompt, question
 
     def make_task(self, seed: int, split: str) -> Task:
         return arithmetic_task(self, seed, split)
 
-    def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str]:
+    skill = "with the right operation shown, copy the question's numbers into the call and its result into the answer"
+
+    def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[DemoTurn]:
         a, b, op = info["a"], info["b"], info["op"]
+        if rng.random() < self.demo_copy_prob:  # a copy drill: the right call shown, the answer taught
+            return self.skill_probe(info)
         u = rng.random()
         if u < self.demo_answer_prob:  # answer at once, with a number that has nothing to do with the task
             return [
@@ -122,6 +142,13 @@ class ToolMathEnv(ToolEnv):
             tool_call_text("calculator", {"expression": f"{a} {op} {b}"}),
             f"<answer>{OPS[op](a, b)}</answer>",
         ]
+
+    def skill_probe(self, info: dict[str, Any]) -> list[DemoTurn]:
+        """The right call with its operator shown (not taught) and the rest of it taught (the question's
+        numbers copied into it), then the answer that copies the tool's result (taught)."""
+        a, b, op = info["a"], info["b"], info["op"]
+        head, tail = tool_call_text("calculator", {"expression": f"{a} {op} {b}"}).split(f" {op} ", 1)
+        return [(head, Shown(f" {op}"), f" {tail}"), f"<answer>{OPS[op](a, b)}</answer>"]
 
     def reset(self, *, seed=None, options=None):
         self._right_call = False

@@ -377,9 +377,13 @@ class WarmStartConfig(Section):
     min_skill: float = 0.5
     """Stop before GRPO (one line naming the skill and its rate) when the checked skill's rate is below
     this: GRPO cannot reinforce what the policy never does. 0 = report only."""
+    drill_steps: int = 0
+    """With source "env": before the demonstrations, at most this many steps on the env's skill drills
+    alone (``skill_probe``: the skill the check measures), ended once the check passes (see
+    ``check_every``); then ``steps`` steps of demonstrations. 0 = no drills."""
     check_every: int = 0
-    """Also measure the skill every this many warm-start steps and end the warm start as soon as it reaches
-    ``min_skill`` (``steps`` is then the most it may take); 0 = measure once, at the end."""
+    """Also measure the skill every this many steps of the first warm-start phase (the drills, else the
+    only one) and end that phase once it reaches ``min_skill``; 0 = measure once, at the end."""
 
     @property
     def enabled(self) -> bool:
@@ -393,6 +397,12 @@ class WarmStartConfig(Section):
         self._require(0 <= self.random_share <= 1, "random_share", "must be in [0, 1]")
         self._require(self.check_tasks >= 0, "check_tasks", "must be >= 0")
         self._require(self.check_every >= 0, "check_every", "must be >= 0")
+        self._require(self.drill_steps >= 0, "drill_steps", "must be >= 0")
+        self._require(
+            self.drill_steps == 0 or self.source == "env",
+            "drill_steps",
+            'needs source: "env" (drills are an env\'s)',
+        )
         self._require(0 <= self.min_skill <= 1, "min_skill", "must be in [0, 1]")
         self._require(
             self.random_low <= self.random_high, "random_low", f"must be <= random_high ({self.random_high})"

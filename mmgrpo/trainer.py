@@ -722,22 +722,25 @@ class Trainer:
         from mmgrpo.warmstart import warm_start
 
         w = self.cfg.warm_start
-        early: dict = {}  # the check that ended the warm start early, if one did
+        checks: list = []  # (steps so far, SkillCheck) of every check made
+        steps_run = {"n": 0}
+
+        def log(record: dict) -> None:
+            steps_run["n"] = record["step"]
+            self.log(record)
 
         def measure(step: int):
             check = check_skill(
                 self.policy, self.make_env, source=w.source, template=w.target, tasks=w.check_tasks
             )
             if check is not None:
+                checks.append((step, check))
                 self.log({"stage": "warm_start_check", "step": step, "rate": check.rate, "n": check.n})
             return check
 
         def done(step: int) -> bool:
             check = measure(step)
-            if check is not None and check.rate < w.min_skill:
-                return False
-            early.update(step=step, check=check)
-            return True
+            return check is None or check.rate >= w.min_skill
 
         nll = warm_start(
             self.policy,
@@ -754,13 +757,16 @@ class Trainer:
             source=w.source,
             train_vision=w.train_vision,
             progress=self.progress,
-            log=self.log,
+            log=log,
+            drill_steps=w.drill_steps,
             check_every=w.check_every if w.check_tasks > 0 and w.min_skill > 0 else 0,
             done=done,
         )
-        self.warm_start_steps = early.get("step", w.steps)
+        self.warm_start_steps = steps_run["n"]
         if w.check_tasks > 0:
-            check = early["check"] if early else measure(w.steps)
+            # the last check, unless training went on after it (drills, then demonstrations)
+            last = checks[-1] if checks and checks[-1][0] == steps_run["n"] else None
+            check = last[1] if last is not None else measure(steps_run["n"])
             self.skill_check = check
             if check is not None:
                 if self.is_main:

@@ -1,5 +1,10 @@
-"""The full embedded demos, end to end (counting 2-6 minutes, tools about 11, on 2 CPU cores): run with
-`pytest -m slow`."""
+"""The embedded demos, end to end, each asserting its done-when on held-out accuracy (n = 200).
+
+Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, text_math and tools demos after
+the fast tests). On 2 CPU cores: counting about 5 minutes, text_math about 3, tools about 8.
+`--demo-set KEY=VALUE` adds an override to every demo here, e.g. `--demo-set seed=1`, or
+`--demo-set grpo.steps=5` to see a demo fall short and its test fail.
+"""
 
 from __future__ import annotations
 
@@ -10,43 +15,46 @@ import pytest
 from mmgrpo.cli import main
 
 
-@pytest.mark.slow
-def test_demo_learns_to_count(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path), "--no-progress"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+def run_demo(task: str, tmp_path, capsys, demo_sets: list[str]) -> dict:
+    """``mmgrpo demo --task TASK``; returns its demo.json after checking the final line's form."""
+    assert main(["demo", "--task", task, "--out", str(tmp_path), "--no-progress", *demo_sets]) == 0
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    with capsys.disabled():  # the demo's own summary lines reach the CI log
+        print(f"\n[{task}{' ' + ' '.join(demo_sets) if demo_sets else ''}]")
+        print("\n".join(line for line in out.splitlines() if line.startswith(("demo:", "warm start:"))))
     assert last.startswith("demo: accuracy before=") and last.endswith("(n=200)")
     summary = json.loads((tmp_path / "run" / "demo.json").read_text())
     assert summary["n"] >= 200
-    assert summary["after"] >= 0.95
-    assert summary["after"] - summary["before"] >= 0.50
+    return summary
 
 
 @pytest.mark.slow
-def test_demo_learns_to_use_the_calculator(tmp_path, capsys):
-    assert main(["demo", "--task", "tools", "--out", str(tmp_path), "--no-progress"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("demo: accuracy before=") and last.endswith("(n=200)")
-    summary = json.loads((tmp_path / "run" / "demo.json").read_text())
-    assert summary["before"] <= 0.30 and summary["after"] >= 0.80
+def test_demo_learns_to_count(tmp_path, capsys, demo_sets):
+    summary = run_demo("counting", tmp_path, capsys, demo_sets)
+    assert summary["after"] >= 0.95, summary
+    assert summary["after"] - summary["before"] >= 0.50, summary
+
+
+@pytest.mark.slow
+def test_demo_learns_to_use_the_calculator(tmp_path, capsys, demo_sets):
+    summary = run_demo("tools", tmp_path, capsys, demo_sets)
+    assert summary["before"] <= 0.30 and summary["after"] >= 0.80, summary
     # what GRPO changed is the tool call: the question's expression instead of another one
-    assert summary["tool_use_after"]["env/right_call"] - summary["tool_use_before"]["env/right_call"] >= 0.5
+    right_before = summary["tool_use_before"]["env/right_call"]
+    assert summary["tool_use_after"]["env/right_call"] - right_before >= 0.5, summary
     assert any((tmp_path / "run" / "transcripts").glob("episode-*.md"))
 
 
 @pytest.mark.slow
-def test_demo_learns_addition_on_the_text_model(tmp_path, capsys):
+def test_demo_learns_addition_on_the_text_model(tmp_path, capsys, demo_sets):
     """GRPO must add at least +0.40 over what the cold start on a few true examples gives alone."""
-    assert main(["demo", "--task", "text_math", "--out", str(tmp_path), "--no-progress"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("demo: accuracy before=") and last.endswith("(n=200)")
-    summary = json.loads((tmp_path / "run" / "demo.json").read_text())
-    assert summary["after"] >= 0.90 and summary["after"] - summary["before"] >= 0.40
+    summary = run_demo("text_math", tmp_path, capsys, demo_sets)
+    assert summary["after"] >= 0.90 and summary["after"] - summary["before"] >= 0.40, summary
 
 
 @pytest.mark.slow
-def test_demo_counts_one_named_kind_among_distractors(tmp_path, capsys):
-    assert main(["demo", "--task", "counting_hard", "--out", str(tmp_path), "--no-progress"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("demo: accuracy before=") and last.endswith("(n=200)")
-    summary = json.loads((tmp_path / "run" / "demo.json").read_text())
-    assert summary["after"] >= 0.90 and summary["after"] - summary["before"] >= 0.50
+def test_demo_counts_one_named_kind_among_distractors(tmp_path, capsys, demo_sets):
+    """Not in .ci/run: counting_hard does not learn yet (0.17 -> 0.40 measured; its own issue)."""
+    summary = run_demo("counting_hard", tmp_path, capsys, demo_sets)
+    assert summary["after"] >= 0.90 and summary["after"] - summary["before"] >= 0.50, summary

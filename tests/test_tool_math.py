@@ -61,7 +61,7 @@ def test_reference_answer_scores_one_and_a_number_in_a_tool_result_does_not(name
 
 
 def test_demonstrations_mix_direct_answers_wrong_and_right_calls():
-    env = ToolMathEnv(demo_answer_prob=0.5, demo_wrong_op_prob=0.25)
+    env = ToolMathEnv(demo_answer_prob=0.5, demo_wrong_op_prob=0.25, demo_copy_prob=0.0)
     rng = random.Random(0)
     kinds = {"direct": 0, "wrong": 0, "right": 0}
     for seed in range(400):
@@ -88,10 +88,10 @@ def test_bad_kwargs_name_the_fix():
 
 
 def test_demonstration_batch_is_laid_out_like_a_rollout(tiny_policy):
-    from mmgrpo.warmstart import demonstration_batch
+    from mmgrpo.warmstart import demonstration_rows
 
-    env = ToolMathEnv(demo_answer_prob=0.0, demo_wrong_op_prob=0.0)  # every demonstration calls right
-    batch = demonstration_batch(tiny_policy, env, [0, 1], random.Random(0))
+    env = ToolMathEnv(demo_answer_prob=0.0, demo_wrong_op_prob=0.0, demo_copy_prob=0.0)  # all call right
+    batch = demonstration_rows(tiny_policy, env, [0, 1], random.Random(0))
     for i in range(2):
         ids = batch.response_ids[i][batch.response_mask[i].bool()].tolist()
         mask = batch.loss_mask[i][: len(ids)].tolist()

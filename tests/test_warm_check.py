@@ -143,3 +143,26 @@ def test_warm_start_ends_at_the_first_check_that_passes(tiny_model_dir):
         done=done,
     )
     assert asked == [2, 4] and [r["step"] for r in logged] == [1, 2, 3, 4]
+
+
+def test_demonstrations_share_their_common_prompt_prefix_with_equal_loss_and_gradients(tiny_policy):
+    """A tool task's system prompt and schemas are most of each demonstration: the warm start encodes them
+    once (the shared-prompt path) and gets the loss and gradients of the row-by-row layout."""
+    import mmgrpo.warmstart as ws
+    from mmgrpo.sft import masked_nll
+
+    env = ToolMathEnv()
+    seeds = [10_000_000 + k for k in range(6)]
+    shared = ws.demonstration_batch(tiny_policy, env, seeds, random.Random(0))
+    full = ws.demonstration_rows(tiny_policy, env, seeds, random.Random(0))
+    assert shared.prompt_index == [0] * 6 and shared.prompt_ids.shape[1] > 200
+    assert shared.prompt_ids.shape[1] < full.prompt_ids.shape[1]
+    assert int(shared.loss_mask.sum()) == int(full.loss_mask.sum())
+    params = [p for p in tiny_policy.language_parameters() if p.requires_grad]
+    losses, grads = [], []
+    for batch in (full, shared):
+        loss = masked_nll(tiny_policy.logprobs(batch), batch.loss_mask)
+        grads.append(torch.autograd.grad(loss, params))
+        losses.append(float(loss.detach()))
+    assert abs(losses[0] - losses[1]) < 1e-5
+    assert max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True)) < 1e-5
