@@ -759,6 +759,7 @@ class Trainer:
             progress=self.progress,
             log=log,
             drill_steps=w.drill_steps,
+            drill_lr=w.drill_lr,
             check_every=w.check_every if w.check_tasks > 0 and w.min_skill > 0 else 0,
             done=done,
         )
