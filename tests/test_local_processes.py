@@ -25,7 +25,13 @@ def test_the_process_count(monkeypatch):
 
 
 def test_the_demo_on_two_processes(tmp_path, capsys):
-    sets = ["grpo.steps=3", "warm_start.steps=2", "eval.episodes=8", "eval.batch_size=8"]
+    sets = [
+        "grpo.steps=3",
+        "warm_start.steps=2",
+        "warm_start.min_skill=0",
+        "eval.episodes=8",
+        "eval.batch_size=8",
+    ]
     args = ["demo", "--out", str(tmp_path), "--no-progress", "--processes", "2"]
     assert main(args + [x for s in sets for x in ("--set", s)]) == 0
     out = capsys.readouterr().out
