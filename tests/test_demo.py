@@ -1,7 +1,7 @@
 """The embedded demos, end to end, each asserting its done-when on held-out accuracy (n = 200).
 
 Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, text_math and tools demos after
-the fast tests). On 2 CPU cores: counting about 5 minutes, text_math about 3, tools about 8.
+the fast tests). On 2 CPU cores: counting about 4-5 minutes, text_math about 2.5, tools about 6.
 `--demo-set KEY=VALUE` adds an override to every demo here, e.g. `--demo-set seed=1`, or
 `--demo-set grpo.steps=5` to see a demo fall short and its test fail.
 """
