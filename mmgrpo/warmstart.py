@@ -185,24 +185,12 @@ def demonstration_batch(
     *,
     split: str = "train",
     play: Callable[[dict], list[DemoTurn]] | None = None,
-) -> TokenBatch:
-    """``demonstration_rows`` with the prompt prefix every row shares encoded once (``share_common_prefix``)."""
-    rows = demonstration_rows(policy, env, seeds, rng, split=split, play=play)
-    return share_common_prefix(rows, policy.pad_token_id)
-
-
-def demonstration_rows(
-    policy: Policy,
-    env: ChatEnv,
-    seeds: list[int],
-    rng: random.Random,
-    *,
-    split: str = "train",
-    play: Callable[[dict], list[DemoTurn]] | None = None,
+    share_prefix: bool = True,
 ) -> TokenBatch:
     """The env's demonstrations of ``seeds``, played through ``step`` and laid out as the rollout lays
     out an episode: policy turns (loss 1, each ending with end-of-turn; ``Shown`` turns or pieces 0), env turns
-    (loss 0) between. ``play(info)`` gives the turns instead of ``env.demonstration`` (the skill probe)."""
+    (loss 0) between. ``play(info)`` gives the turns instead of ``env.demonstration`` (the skill probe).
+    With ``share_prefix`` the prompt prefix every row shares is encoded once (``share_common_prefix``)."""
     prompts, tools, responses, masks, images = [], [], [], [], []
     for s in seeds:
         messages, info = env.reset(seed=s, options={"split": split})
@@ -232,7 +220,7 @@ def demonstration_rows(
     response_ids, response_mask = pad_right(responses, policy.pad_token_id)  # (B, T)
     loss_mask, _ = pad_right(masks, 0)  # (B, T)
     response_vision = VisionInputs.concat_rows(images)
-    return TokenBatch(
+    batch = TokenBatch(
         prompt_ids,
         prompt_mask,
         response_ids,
@@ -241,6 +229,7 @@ def demonstration_rows(
         vision,
         response_vision=None if response_vision.empty else response_vision,
     )
+    return share_common_prefix(batch, policy.pad_token_id) if share_prefix else batch
 
 
 def share_common_prefix(batch: TokenBatch, pad_token_id: int) -> TokenBatch:

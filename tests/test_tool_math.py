@@ -88,10 +88,10 @@ def test_bad_kwargs_name_the_fix():
 
 
 def test_demonstration_batch_is_laid_out_like_a_rollout(tiny_policy):
-    from mmgrpo.warmstart import demonstration_rows
+    from mmgrpo.warmstart import demonstration_batch
 
     env = ToolMathEnv(demo_answer_prob=0.0, demo_wrong_op_prob=0.0, demo_copy_prob=0.0)  # all call right
-    batch = demonstration_rows(tiny_policy, env, [0, 1], random.Random(0))
+    batch = demonstration_batch(tiny_policy, env, [0, 1], random.Random(0), share_prefix=False)
     for i in range(2):
         ids = batch.response_ids[i][batch.response_mask[i].bool()].tolist()
         mask = batch.loss_mask[i][: len(ids)].tolist()

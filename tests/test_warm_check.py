@@ -157,7 +157,7 @@ def test_demonstrations_share_their_common_prompt_prefix_with_equal_loss_and_gra
     env = ToolMathEnv()
     seeds = [10_000_000 + k for k in range(6)]
     shared = ws.demonstration_batch(tiny_policy, env, seeds, random.Random(0))
-    full = ws.demonstration_rows(tiny_policy, env, seeds, random.Random(0))
+    full = ws.demonstration_batch(tiny_policy, env, seeds, random.Random(0), share_prefix=False)
     assert shared.prompt_index == [0] * 6 and shared.prompt_ids.shape[1] > 200
     assert shared.prompt_ids.shape[1] < full.prompt_ids.shape[1]
     assert int(shared.loss_mask.sum()) == int(full.loss_mask.sum())
