@@ -1,7 +1,9 @@
 """The policy: a Hugging Face model and its processor, seen as "messages in, token ids out".
 
-Owns model I/O (loading, saving, the frozen reference), chat templating (with ``tools=``), image inputs,
-the token-in / token-out continuation of multi-turn episodes, and the public ``generate`` / ``logprobs``.
+Owns model I/O (loading, saving, the frozen reference), chat templating (with ``tools=``, which mmgrpo
+writes into the conversation itself when the template has no tools section: mmgrpo.tool_prompt), image
+inputs, the token-in / token-out continuation of multi-turn episodes, and the public ``generate`` /
+``logprobs``.
 The forward/decode work is ``mmgrpo.engine``'s; what differs between model families is
 ``mmgrpo.adapters``'. Knows nothing about environments or rewards.
 
@@ -34,6 +36,7 @@ from mmgrpo.engine import sample_tokens  # noqa: F401  (public here since the fo
 from mmgrpo.errors import ConfigError, DataError
 from mmgrpo.losses import token_entropy, token_logprobs
 from mmgrpo.model_io import PRECISION, LoraSpec, disable_dropout, is_lora, load_model, save_model, stop_ids_of
+from mmgrpo.tool_prompt import find_placement, with_tools_block
 
 _PROCESSOR_PLACEHOLDERS = (
     "image_token_id",
@@ -51,6 +54,8 @@ class Policy:
     ``Policy.from_pretrained(path_or_hub_id)`` loads any image-text-to-text model (Qwen2.5-VL, ...) or a
     text-only causal LM. ``model`` is the trainable module; ``reference`` a frozen copy (or None).
     """
+
+    _tool_placement: str | None = None  # found on first use (see tool_placement)
 
     def __init__(
         self, model, processor, *, device: str | torch.device = "cpu", precision: str = "fp32"
@@ -265,7 +270,27 @@ class Policy:
         self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
     ) -> str:
         """The chat-templated text of ``messages`` (images become their placeholder tokens); ``tools`` is
-        the list of JSON schemas the template renders into the system message."""
+        the list of JSON schemas shown to the model: by the template when it has a tools section, else as
+        mmgrpo's tools block in the system message or the first user message (see ``tool_placement``)."""
+        if tools and self.tool_placement != "template":
+            messages = with_tools_block(messages, tools, self.tool_placement)
+            tools = None
+        return self._apply_template(messages, add_generation_prompt, tools)
+
+    @property
+    def tool_placement(self) -> str:
+        """Where ``render`` puts ``tools``: "template" (the chat template renders them), "system" or "user"
+        (it cannot, and mmgrpo writes them into that message; see mmgrpo.tool_prompt). Found once, on a
+        probe conversation; ConfigError when the template would hide them wherever they go."""
+        if self._tool_placement is None:
+            self._tool_placement = find_placement(
+                lambda m, t: self._apply_template(m, True, t), self.name_or_path
+            )
+        return self._tool_placement
+
+    def _apply_template(
+        self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None
+    ) -> str:
         kw: dict[str, Any] = {"add_generation_prompt": add_generation_prompt, "tokenize": False}
         if tools:
             kw["tools"] = tools

@@ -21,6 +21,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mmgrpo.tool_prompt import TOOLS_POSTAMBLE, TOOLS_PREAMBLE  # Qwen2.5's tools block
+
 # Special tokens of the Qwen2.5-VL vocabulary, in the order Qwen assigns them after the BPE merges.
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -42,17 +44,6 @@ TAG_TOKENS = [
     "<tool_response>",
     "</tool_response>",
 ]
-
-# The tools block of Qwen2.5's template: the tool list goes into the system message, one JSON schema a line.
-TOOLS_PREAMBLE = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-TOOLS_POSTAMBLE = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
-    "<args-json-object>}\n</tool_call>"
-)
 
 # A Qwen2.5-style chat template. Content is a string or a list of parts {"type": "text"|"image", ...}.
 # Like Qwen2.5's it renders ``tools=`` into the system message and ``tool`` messages as <tool_response>

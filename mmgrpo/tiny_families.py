@@ -34,7 +34,7 @@ SmolVLM ``User:``/``Assistant:``, LLaVA-1.5 ``USER:``/``ASSISTANT:``), take cont
 trimming), so a longer conversation renders (and tokenizes) as an extension of a shorter one; the one
 exception is Qwen's, which puts consecutive tool results in one user turn closed after the last. ``tool``
 messages render as the family's user-like turn (Llama 3: ``ipython``); only the Qwen templates render
-``tools=``.
+``tools=`` (for the others ``Policy.render`` writes mmgrpo's tools block itself: ``mmgrpo.tool_prompt``).
 
 ``generation_config.json`` lists the family's stop ids, e.g. Qwen ``[<|im_end|>, <|endoftext|>]``, Llama 3
 ``[<|eot_id|>, <|end_of_text|>]``, Gemma 3 ``[<eos>, <end_of_turn>]``, Idefics3
