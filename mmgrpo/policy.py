@@ -365,11 +365,15 @@ class Policy:
         )
 
     def encode_continuation(
-        self, history: list[dict], new: list[dict], tools: list[dict] | None = None
+        self, history: list[dict], new: list[dict], tools: list[dict] | None = None, *, closed: bool = True
     ) -> tuple[list[int], VisionInputs]:
         """Token ids of the environment's ``new`` messages after ``history`` (which ends with the policy's
         turn, whose sampled ids end at the end-of-turn token), up to the next assistant header; and the
         vision inputs of their images (processed once, here).
+
+        ``closed=False``: the sampled turn stopped on another stop id (Qwen's ``<|endoftext|>``), so the
+        ids returned first close the turn as the template does (Qwen: ``<|im_end|>\n``); the episode's ids
+        are then the template's rendering with the sampled stop token in it.
 
         Token in, token out: nothing already in the episode is re-encoded. The template must render the
         longer conversation as a prefix extension of the shorter one (every chat template of the Qwen,
@@ -392,6 +396,10 @@ class Policy:
         # the sampled turn ends at a stop token; the template may add text after it (Qwen: "\n")
         ends = [s for s in self.tokenizer.convert_ids_to_tokens(self.stop_ids) if s and s in before]
         cut = max((before.rfind(s) + len(s) for s in ends), default=len(before))
+        if not closed and self.end_of_turn_id is not None:
+            eot = self.tokenizer.convert_ids_to_tokens(self.end_of_turn_id)
+            if eot and eot in before:  # the sampled ids end before the template's turn end: start there
+                cut = before.rfind(eot)
         tail = before[cut:]
         ids, _, vision = self._tokenize(
             [tail + after[len(before) :]], [_images_of(new)], [_images_of(new, "video")]

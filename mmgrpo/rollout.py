@@ -12,9 +12,16 @@ turn per batched generation:
            with their row; earlier turns are never decoded and re-encoded;
   turn k   the live rows' whole sequences are encoded and the next turn sampled.
 
-An episode ends when the env terminates or truncates it, when a turn ends without the end-of-turn token
+An episode ends when the env terminates or truncates it, when a turn ends without a stop token
 (``max_new_tokens`` per turn), at ``max_turns`` policy turns, or when its response would exceed the token
-budget ``max_episode_tokens``; the last three count as truncated, with the reason kept.
+budget ``max_episode_tokens``; the last three count as truncated, with the reason kept. The model's positions
+(``max_position_embeddings``) are a budget too: an episode whose prompt, response, new env turn and a full
+next turn (``max_new_tokens``) would not fit ends there, truncated ("token_budget"), and the rest of the
+batch goes on (only a prompt that cannot fit with one turn is an error: a config to change).
+
+A turn that stops on a stop id other than the template's end-of-turn token (Qwen's ``<|endoftext|>`` next to
+``<|im_end|>``) keeps that sampled token; when the env answers, its appended tokens first close the turn as
+the template does (``<|im_end|>\n``), so that the ids stay the template's rendering of the conversation.
 
 Layout of the returned batch (see mmgrpo.batch): prompt_ids (N, P) left-padded, response_ids (N, T)
 right-padded (policy turns and env turns), loss_mask (N, T) = 1 only on sampled tokens, per-row response
@@ -170,6 +177,7 @@ def rollout(
     prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P), (B, P)
     vision = policy.encode_images(vision)  # a frozen encoder runs here, once per image, for every pass
     limit = getattr(unwrap(policy.model).config.get_text_config(), "max_position_embeddings", None)
+    prompt_lens = prompt_mask.sum(dim=1).tolist()  # (B,) real tokens of each group's prompt
     if limit is not None and prompt_ids.shape[1] + max_new_tokens > limit:
         raise DataError(
             f"a prompt of {prompt_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds the "
@@ -190,6 +198,7 @@ def rollout(
         for i in range(N)
     ]
     resp_images: list[list[VisionInputs]] = [[] for _ in range(N)]  # per row, the images of its env turns
+    closed = [True] * N  # per row, whether its last turn ended at the end-of-turn token
 
     # turn 1: one prompt encoding per group, G samples each
     new_ids, finished = policy.generate(
@@ -212,6 +221,7 @@ def rollout(
             t.loss_mask += [1] * len(ids)
             t.turns += 1
             texts[i] = policy.decode(ids)
+            closed[i] = bool(ids) and ids[-1] == policy.end_of_turn_id
             t.completion = texts[i]
             t.messages.append(assistant(texts[i]))
             if not done:
@@ -244,8 +254,10 @@ def rollout(
         live = []
         for i, obs in going:
             t = trajs[i]
-            ids, new_vision = policy.encode_continuation(t.messages, obs, tools[t.group])
-            if len(t.response_ids) + len(ids) + 1 > budget:
+            ids, new_vision = policy.encode_continuation(t.messages, obs, tools[t.group], closed=closed[i])
+            length = len(t.response_ids) + len(ids)  # the response with this env turn
+            too_long = limit is not None and prompt_lens[t.group] + length + max_new_tokens > limit
+            if length + 1 > budget or too_long:  # no room for the next turn: it ends here
                 t.truncated, t.truncation = True, "token_budget"
                 continue
             t.messages += obs
@@ -261,9 +273,7 @@ def rollout(
             _unpadded(prompt_ids[trajs[i].group], prompt_mask[trajs[i].group]) + trajs[i].response_ids
             for i in live
         ]
-        ids_k, mask_k = _pad_left(seqs, policy.pad_token_id)  # (n, L)
-        if limit is not None and ids_k.shape[1] + 1 > limit:
-            raise DataError(f"an episode reached the model's {limit} positions; lower env.max_episode_tokens")
+        ids_k, mask_k = _pad_left(seqs, policy.pad_token_id)  # (n, L), each row + max_new_tokens <= limit
         row_vision = VisionInputs.join(
             vision.select([trajs[i].group for i in live]),
             VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
