@@ -243,9 +243,11 @@ class GRPOConfig(Section):
     """With dynamic_sampling: at most this many extra rounds of B tasks per step; then the step trains on the
     groups it has and says so."""
     overlong: Literal["none", "mask", "soft_penalty"] = "none"
-    """Episodes cut at the token budget: kept as they are, left out of the loss (mask, DAPO's overlong
-    filtering), or penalised (soft_penalty: 0 up to max_new_tokens - overlong_buffer tokens, then linearly
-    down to -overlong_factor at max_new_tokens and for a cut episode)."""
+    """Episodes cut for length (a turn at max_new_tokens, an episode at env.max_episode_tokens; not those
+    ended by env.max_turns): kept as they are, left out of the loss (mask, DAPO's overlong filtering; the
+    share is logged as overlong/masked_frac), or penalised (soft_penalty: 0 while the longest turn has up
+    to max_new_tokens - overlong_buffer tokens, then linearly down to -overlong_factor at max_new_tokens
+    and for a cut episode)."""
     overlong_buffer: int = 0
     """C of the soft overlong penalty: the last C tokens of max_new_tokens are penalised (e.g. a quarter)."""
     overlong_factor: float = 1.0

@@ -20,6 +20,7 @@ SUM_KEYS = frozenset(
     {
         "loss",  # each process's share is normalised by the global counts: the sum is the global loss
         "kl",  # token-share weighted on each process
+        "entropy",  # token-share weighted on each process, like kl
         "clip_frac",
         "ratio_mean",
         "verifier_failures",
@@ -73,7 +74,9 @@ def reduce_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     Sums for the keys in SUM_KEYS, the first process's value for FIRST_KEYS, the maximum for times and
     the mean weighted by each process's ``num_episodes`` for the rest (rewards, lengths, shares); a key
-    some processes lack is averaged over those that have it.
+    some processes lack is averaged over those that have it. Per-episode counters whose keys depend on
+    what a process saw (tool failure kinds, env metrics) are not reduced here: the trainer computes them
+    over every process's episodes at once.
     """
     if len(records) == 1:
         return records[0]

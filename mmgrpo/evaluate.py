@@ -23,6 +23,8 @@ class EvalResult:
     accuracy: float
     n: int
     metric: str
+    correct: int = 0
+    """Episodes whose metric score is >= 0.5 (accuracy = correct / n)."""
     per_verifier: dict[str, float] = field(default_factory=dict)
     format_failures: int = 0
     samples: list[dict] = field(default_factory=list)
@@ -51,16 +53,22 @@ def evaluate(
     max_turns: int = 1,
     max_episode_tokens: int | None = None,
     progress: bool = False,
+    seeds: list[int] | None = None,
 ) -> EvalResult:
-    """Accuracy of ``policy`` on ``episodes`` held-out tasks (one greedy episode per task)."""
+    """Accuracy of ``policy`` on ``episodes`` held-out tasks (one greedy episode per task): seeds
+    ``seed_offset .. seed_offset + episodes - 1``, or the given ``seeds`` (one process's share of them)."""
     from tqdm.auto import tqdm
 
+    all_seeds = list(seeds) if seeds is not None else list(range(seed_offset, seed_offset + episodes))
+    episodes = len(all_seeds)
+    if episodes == 0:
+        raise ValueError("evaluate: no episodes to run (episodes=0 or an empty seeds list)")
     envs = [make_env() for _ in range(min(batch_size, episodes))]
     correct, scores, samples = 0, {v.name: 0.0 for v in rewards.verifiers}, []
     trajectories: list[Trajectory] = []
     bar = tqdm(total=episodes, desc="eval", unit="ep", disable=not progress, leave=False)
     for start in range(0, episodes, batch_size):
-        seeds = list(range(seed_offset + start, seed_offset + min(start + batch_size, episodes)))
+        seeds = all_seeds[start : start + batch_size]
         batch = rollout(
             policy,
             envs,
@@ -94,6 +102,7 @@ def evaluate(
         accuracy=correct / episodes,
         n=episodes,
         metric=metric,
+        correct=correct,
         per_verifier={k: v / episodes for k, v in scores.items()},
         samples=samples,
         episode_metrics=episode_metrics(trajectories) if max_turns > 1 else {},
@@ -115,8 +124,10 @@ def evaluate_config(
     *,
     episodes: int | None = None,
     progress: bool = False,
+    seeds: list[int] | None = None,
 ) -> EvalResult:
-    """``evaluate`` with the settings of an ``EvalConfig`` (``episodes`` overrides its count)."""
+    """``evaluate`` with the settings of an ``EvalConfig`` (``episodes`` overrides its count, ``seeds``
+    its seeds)."""
     return evaluate(
         policy,
         make_env,
@@ -130,6 +141,7 @@ def evaluate_config(
         max_turns=env_cfg.max_turns,
         max_episode_tokens=env_cfg.max_episode_tokens,
         progress=progress,
+        seeds=seeds,
     )
 
 

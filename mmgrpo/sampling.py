@@ -5,12 +5,16 @@ teaches nothing, yet costs a full forward and backward. Such groups are dropped 
 out, B at a time from the task stream, until B groups with reward variance are found or
 ``grpo.max_sampling_rounds`` extra rounds have run; then the step trains on what it has and says so.
 
-Overlong handling (``grpo.overlong``), for episodes cut at the token budget:
+Overlong handling (``grpo.overlong``), for episodes cut for length (LENGTH_CUTS: a turn that reached
+``grpo.max_new_tokens``, an episode that reached ``env.max_episode_tokens``; not one ended by
+``env.max_turns`` or by the env, which is no sign of rambling):
   mask          their tokens are left out of the loss (DAPO's overlong filtering); they still count in
-                their group's statistics
+                their group's statistics; the share is logged as ``overlong/masked_frac``
   soft_penalty  DAPO's soft overlong punishment, added to the reward before advantages: 0 up to
-                L - C tokens, falling linearly to -factor at L (L = grpo.max_new_tokens per turn,
-                C = grpo.overlong_buffer), -factor for an episode cut at the budget
+                L - C tokens, falling linearly to -factor at L, -factor for an episode cut for length.
+                L = grpo.max_new_tokens is a per-turn limit, so the length compared with it is the
+                episode's longest policy turn (a single-turn episode: its response), never the tokens
+                summed over turns; C = grpo.overlong_buffer
 """
 
 from __future__ import annotations
@@ -22,6 +26,19 @@ from torch import Tensor
 
 from mmgrpo.rollout import RolloutBatch
 from mmgrpo.verifier import RewardBreakdown
+
+LENGTH_CUTS = ("max_new_tokens", "token_budget")
+"""The truncation reasons (mmgrpo.rollout.TRUNCATION_REASONS) that mean "too long"."""
+
+
+def longest_turn(loss_mask: Sequence[int]) -> int:
+    """The most policy tokens in one turn of an episode: the longest run of 1s in its response loss mask
+    (environment tokens, 0, separate the turns). e.g. [1, 1, 1, 0, 0, 1, 1] -> 3."""
+    best = run = 0
+    for m in loss_mask:
+        run = run + 1 if m else 0
+        best = max(best, run)
+    return best
 
 
 def zero_variance_groups(rewards: Tensor, group_ids: Sequence[int]) -> set[int]:

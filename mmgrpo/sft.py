@@ -392,10 +392,9 @@ def run_sft(cfg: Config, policy: Policy | None = None, progress: bool = True) ->
     """
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
-    from transformers import get_scheduler
 
     from mmgrpo.model_io import PRECISION
-    from mmgrpo.trainer import flat_config, load_policy, make_accelerator, save_run
+    from mmgrpo.trainer import flat_config, load_policy, make_accelerator, make_scheduler, save_run
 
     t0 = time.perf_counter()
     s = cfg.sft
@@ -428,9 +427,7 @@ def run_sft(cfg: Config, policy: Policy | None = None, progress: bool = True) ->
         if not params:
             raise ConfigError("sft: the model has no trainable parameters (everything is frozen)")
         optimizer = torch.optim.AdamW(groups, lr=s.lr, weight_decay=0.0)
-        scheduler = get_scheduler(
-            s.lr_schedule, optimizer, num_warmup_steps=s.warmup_steps, num_training_steps=steps
-        )
+        scheduler = make_scheduler(s.lr_schedule, optimizer, warmup_steps=s.warmup_steps, steps=steps)
         accelerator = make_accelerator(
             cpu=str(policy.device) == "cpu",
             mixed_precision=PRECISION[cfg.model.dtype].replace("fp32", "no"),

@@ -23,10 +23,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from mmgrpo.adapters import unwrap
 from mmgrpo.advantages import group_advantages, group_stats
 from mmgrpo.batch import TokenBatch
 from mmgrpo.checkpoint import (
@@ -48,8 +50,10 @@ from mmgrpo.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
 from mmgrpo.rollout import RolloutBatch, episode_metrics, rollout
 from mmgrpo.sampling import (
+    LENGTH_CUTS,
     concat_batches,
     concat_scored,
+    longest_turn,
     overlong_penalty,
     select_rows,
     select_scored,
@@ -137,12 +141,20 @@ def load_policy(cfg: Config, model_path: str | None = None, device: str | None =
 def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], project_dir: Path):
     """An Accelerator with this run's precision and trackers. Accelerate keeps one state per process;
     a single-process run that asks for a different precision than an earlier run of the same process
-    (tests, notebooks) resets it first."""
+    (tests, notebooks) resets it first.
+
+    The learning-rate schedule advances once per optimizer step, whatever the number of processes: by
+    default accelerate's scheduler wrapper steps W times per step (it assumes each process's data loader
+    batch is 1/W of an epoch's step), which would run a W-process schedule W times too fast."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
 
     kw = dict(
-        cpu=cpu, mixed_precision=mixed_precision, log_with=log_with or None, project_dir=str(project_dir)
+        cpu=cpu,
+        mixed_precision=mixed_precision,
+        log_with=log_with or None,
+        project_dir=str(project_dir),
+        step_scheduler_with_optimizer=False,
     )
     try:
         return Accelerator(**kw)
@@ -151,6 +163,17 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], pr
             raise
         AcceleratorState._reset_state(reset_partial_state=True)
         return Accelerator(**kw)
+
+
+def make_scheduler(name: str, optimizer, *, warmup_steps: int, steps: int):
+    """The learning-rate schedule ``name`` (constant, linear, cosine) with ``warmup_steps`` of linear
+    warm-up from 0, over ``steps`` optimizer steps. (transformers' "constant" ignores a warm-up; a
+    constant schedule with one is its "constant_with_warmup".)"""
+    from transformers import get_scheduler
+
+    if name == "constant" and warmup_steps > 0:
+        name = "constant_with_warmup"
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=steps)
 
 
 class TrainingStopped(Exception):
@@ -168,7 +191,6 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, policy: Policy | None = None, progress: bool = True):
         from accelerate.utils import set_seed
-        from transformers import get_scheduler
 
         self.cfg = cfg
         g = cfg.grpo
@@ -210,11 +232,8 @@ class Trainer:
             betas=tuple(g.betas),
             weight_decay=g.weight_decay,
         )
-        self.scheduler = get_scheduler(
-            g.lr_schedule,
-            self.optimizer,
-            num_warmup_steps=g.warmup_steps,
-            num_training_steps=g.steps * g.num_iterations,
+        self.scheduler = make_scheduler(
+            g.lr_schedule, self.optimizer, warmup_steps=g.warmup_steps, steps=g.steps * g.num_iterations
         )
         self.policy.model, self.optimizer, self.scheduler = acc.prepare(
             self.policy.model, self.optimizer, self.scheduler
@@ -293,15 +312,19 @@ class Trainer:
         rewards = scored.total  # (N,)
         problem = self.agree_finite(check_finite(self.step + 1, scored.per_verifier))
         adv = torch.zeros_like(rewards)  # (N,)
+        reward_kl = None  # grpo.kl_in=reward: this process's share of the token-mean KL
         if problem is None:
             rewards = self.shape_rewards(batch, rewards)  # (N,) overlong penalty
             if g.kl_in == "reward" and self.kl_ctl.beta > 0:
-                rewards = rewards - self.kl_reward_penalty(batch.tokens, G)  # (N,)
+                seq_kl, reward_kl = self.reward_kl(batch.tokens, G)  # (N,), float
+                rewards = rewards - self.kl_ctl.beta * seq_kl  # (N,)
             adv = self.advantages(batch, scored, rewards, G)  # (N,)
             problem = self.agree_finite(check_finite(self.step + 1, {}, adv))
         t1 = time.perf_counter()
         if problem is None:
             stats, problem = self.update(self.trained_tokens(batch), adv, G)
+            if reward_kl is not None:
+                stats["kl"] = reward_kl  # the loss ran with beta 0; this is the KL the controller follows
         if problem is not None:
             stats = self.skip_batch(problem)
         record = self.step_record(batch, scored, adv, stats, G, t_rollout, time.perf_counter() - t1, t0)
@@ -404,17 +427,19 @@ class Trainer:
         g = self.cfg.grpo
         if g.overlong != "soft_penalty":
             return rewards
-        lengths = torch.tensor([t.num_policy_tokens for t in batch.trajectories])  # (N,)
-        cut = torch.tensor([t.truncation in ("max_new_tokens", "token_budget") for t in batch.trajectories])
+        # max_new_tokens bounds each turn: the longest turn is what nears it (single-turn: the response)
+        lengths = torch.tensor([longest_turn(t.loss_mask) for t in batch.trajectories])  # (N,)
+        cut = torch.tensor([t.truncation in LENGTH_CUTS for t in batch.trajectories])  # (N,)
         return rewards + overlong_penalty(
             lengths, cut, g.max_new_tokens, g.overlong_buffer, g.overlong_factor
         )
 
     def trained_tokens(self, batch: RolloutBatch) -> TokenBatch:
-        """The batch's tokens; with grpo.overlong=mask, truncated episodes leave the loss (DAPO)."""
+        """The batch's tokens; with grpo.overlong=mask, episodes cut for length leave the loss (DAPO's
+        overlong filtering); those ended by max_turns or the env stay."""
         if self.cfg.grpo.overlong != "mask":
             return batch.tokens
-        cut = torch.tensor([t.truncated for t in batch.trajectories])  # (N,)
+        cut = torch.tensor([t.truncation in LENGTH_CUTS for t in batch.trajectories])  # (N,)
         tokens = batch.tokens
         mask = tokens.loss_mask * (~cut).long()[:, None]  # (N, T)
         return dataclasses.replace(tokens, loss_mask=mask)
@@ -494,19 +519,23 @@ class Trainer:
         mbs = [order[i : i + size] for i in range(0, len(order), size)]
         return mbs, [tokens.select(rows) for rows in mbs]
 
-    def kl_reward_penalty(self, tokens: TokenBatch, G: int) -> torch.Tensor:
-        """grpo.kl_in=reward: beta x each episode's KL to the reference, summed over its tokens, (N,)."""
+    def reward_kl(self, tokens: TokenBatch, G: int) -> tuple[torch.Tensor, float]:
+        """grpo.kl_in=reward: each episode's KL to the reference, summed over its policy tokens, (N,); and
+        this process's share of the step's token-mean KL (its KL sum over the global token count: the
+        shares sum to the mean over every process, the quantity the loss reports as ``kl`` with kl_in=loss
+        and the one ``target_kl`` is compared with)."""
         from mmgrpo.kl_control import sequence_kl
 
         g, policy = self.cfg.grpo, self.policy
-        kl = torch.zeros(len(tokens))  # (N,)
+        kl = torch.zeros(len(tokens), dtype=torch.float64)  # (N,)
         with torch.no_grad(), policy.reference_on_device():
             for rows, mb in zip(*self.micro_batches(tokens, G), strict=True):
                 now = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
                 ref = policy.logprobs(mb, temperature=g.temperature, reference=True)  # (n, t)
                 mask = mb.loss_mask.to(now.device)
-                kl[rows] = sequence_kl(now, ref, mask, g.kl_estimator).float().cpu()  # (n,)
-        return self.kl_ctl.beta * kl  # (N,)
+                kl[rows] = sequence_kl(now, ref, mask, g.kl_estimator).double().cpu()  # (n,)
+        num_tokens = int(global_counts(self.accelerator, int(tokens.loss_mask.sum()))[:, 0].sum())
+        return kl.float(), float(kl.sum()) / max(num_tokens, 1)
 
     def update(self, tokens: TokenBatch, adv: torch.Tensor, G: int) -> tuple[dict[str, float], str | None]:
         """num_iterations optimizer steps on this step's rows; the loss is normalised by the global
@@ -539,8 +568,9 @@ class Trainer:
             "entropy": 0.0,
             "grad_norm": 0.0,
         }
-        # bnpo: each micro-batch is a token mean; their average over every micro-batch of every process
-        n_means = n_mb * self.world if g.aggregation == "bnpo" else 1
+        # bnpo: each micro-batch is a token mean; their average over the real micro-batches of every
+        # process (not the zero-weight passes that pad a process with fewer up to n_mb)
+        n_means = int(counts[:, 2].sum()) if g.aggregation == "bnpo" else 1
         policy.model.train()
         for _ in range(g.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
@@ -616,17 +646,23 @@ class Trainer:
             "completion_len": sum(lengths) / len(lengths),
             "repetition": repetition([t.completion for t in batch.trajectories]),
             "truncated_frac": sum(t.truncated for t in batch.trajectories) / N,
+            **(
+                {"overlong/masked_frac": sum(t.truncation in LENGTH_CUTS for t in batch.trajectories) / N}
+                if self.cfg.grpo.overlong == "mask"
+                else {}
+            ),
             "verifier_failures": sum(scored.failures.values()),
             "env_errors": sum(t.env_error is not None for t in batch.trajectories),
             "env_reset_failures": len(batch.failed_tasks),
             "num_episodes": N,
             "group_size": G,
-            **(episode_metrics(batch.trajectories) if self.cfg.env.max_turns > 1 else {}),
             "rollout_time": t_rollout,
             "train_time": t_train,
             "step_time": time.perf_counter() - t0,
         }
         record = reduce_records(gather_objects(self.accelerator, record))
+        if self.cfg.env.max_turns > 1:
+            record.update(all_episode_metrics(self.accelerator, batch.trajectories))
         return {**record, **self.faults.metrics()}
 
     # -------------------------------------------------------------------------------------------- loop
@@ -653,8 +689,8 @@ class Trainer:
             record = self.train_step()
             if self.is_main:
                 self.diagnostics.observe(record)
-            if g.eval_every and self.step % g.eval_every == 0 and self.is_main:
-                record["eval_accuracy"] = self.evaluate(g.eval_episodes).accuracy
+            if g.eval_every and self.step % g.eval_every == 0:
+                record["eval_accuracy"] = self.eval_accuracy(g.eval_episodes)  # every process takes part
             if self.step % g.log_every == 0 or self.step == g.steps:
                 self.log(record)
             if g.save_every and self.step % g.save_every == 0:
@@ -699,8 +735,9 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         return state
 
-    def evaluate(self, episodes: int | None = None):
-        """Held-out accuracy of the current policy (eval split, settings from ``cfg.eval``)."""
+    def evaluate(self, episodes: int | None = None, seeds: list[int] | None = None):
+        """Held-out accuracy of the current policy (eval split, settings from ``cfg.eval``), on this
+        process (see :meth:`eval_accuracy` for all processes together)."""
         from mmgrpo.evaluate import evaluate_config
 
         return evaluate_config(
@@ -712,7 +749,24 @@ class Trainer:
             self.metric,
             episodes=episodes,
             progress=self.progress,
+            seeds=seeds,
         )
+
+    def eval_accuracy(self, episodes: int) -> float:
+        """Held-out accuracy during training, on every process: each evaluates its share of the
+        ``episodes`` seeds (round robin) and the correct counts are summed.
+
+        Each process generates with its own module, outside DDP: a DDP forward after a training step
+        broadcasts buffers, a collective that a process not evaluating never joins (the run hung), and
+        processes run different numbers of forwards. The weights are equal on every process after a step.
+        """
+        e = self.cfg.eval
+        seeds = shard(list(range(e.seed_offset, e.seed_offset + episodes)), self.rank, self.world)
+        correct = 0
+        if seeds:
+            with outside_ddp(self.policy):
+                correct = self.evaluate(seeds=seeds).correct
+        return sum(gather_objects(self.accelerator, correct)) / episodes
 
     def warm_start(self) -> float:
         """The supervised cold start of ``cfg.warm_start`` (see mmgrpo.warmstart), then the check of the
@@ -778,6 +832,39 @@ class Trainer:
     def save(self, out_dir: Path) -> None:
         """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""
         save_run(self.accelerator, self.policy, self.cfg, out_dir)
+
+
+def all_episode_metrics(accelerator, trajectories: list) -> dict[str, float]:
+    """``episode_metrics`` over the episodes of every process at once, the same on each: exact, where
+    reducing each process's means would not be (a tool failure kind one process never saw counts as 0 for
+    its episodes, not as missing; an env metric is averaged over the episodes that reported it)."""
+    parts = gather_objects(accelerator, episode_counters(trajectories))
+    return episode_metrics([c for part in parts for c in part])
+
+
+def episode_counters(trajectories: list) -> list[SimpleNamespace]:
+    """What ``episode_metrics`` reads of each episode, small enough to gather from every process."""
+    return [
+        SimpleNamespace(
+            turns=t.turns,
+            tool_calls=t.tool_calls,
+            tool_failures=dict(t.tool_failures),
+            truncation=t.truncation,
+            env_metrics=dict(t.env_metrics),
+        )
+        for t in trajectories
+    ]
+
+
+@contextlib.contextmanager
+def outside_ddp(policy: Policy):
+    """The policy's forwards run on the bare module inside the block (no DDP collectives)."""
+    wrapped = policy.model
+    policy.model = unwrap(wrapped)
+    try:
+        yield
+    finally:
+        policy.model = wrapped
 
 
 def by_length(tokens: TokenBatch, G: int) -> list[int]:

@@ -14,6 +14,7 @@ import torch
 
 from mmgrpo.advantages import group_advantages
 from mmgrpo.batch import TokenBatch, VisionInputs
+from mmgrpo.config import load_config
 from mmgrpo.distributed import reduce_records, shard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,8 +80,9 @@ def _grpo_lines(path: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMES} for r in rows if "stage" not in r]
 
 
-def _single_process_gradient(sets, tmp_path, r0, r1, G):
-    """One process's gradient (no optimizer step) on the rows the two processes trained on."""
+def _single_process_gradient(sets, tmp_path, r0, r1, G, stats_out: dict | None = None):
+    """One process's gradient (no optimizer step) on the rows the two processes trained on; its loss
+    statistics go to ``stats_out``."""
     from mmgrpo.config import load_config
     from mmgrpo.trainer import Trainer
 
@@ -95,7 +97,9 @@ def _single_process_gradient(sets, tmp_path, r0, r1, G):
 
     single.optimizer.step = capture
     tokens = TokenBatch.concat([r0["tokens"], r1["tokens"]], single.policy.pad_token_id)
-    single.update(tokens, torch.cat([r0["adv"], r1["adv"]]), G)
+    stats, _ = single.update(tokens, torch.cat([r0["adv"], r1["adv"]]), G)
+    if stats_out is not None:
+        stats_out.update(stats)
     assert grads.keys() == r0["grads"].keys()
     worst = max(float((grads[n] - r0["grads"][n]).abs().max()) for n in grads)
     assert max(float(g.abs().max()) for g in grads.values()) > 1e-3  # a real gradient, not zeros
@@ -105,17 +109,24 @@ def _single_process_gradient(sets, tmp_path, r0, r1, G):
 def test_two_processes_split_the_groups_and_match_one_process(warm_model_dir, tmp_path):
     """2 processes, 4 tasks x G=4 per step: each process rolls out 2 whole groups (different tasks); the
     group advantages are those of the whole group; the all-reduced gradient of step 1 equals that of one
-    process on the same 16 rows (1e-5); the run saves checkpoints and resumes from one exactly."""
+    process on the same 16 rows (1e-5), and so do the step's loss, KL and entropy; held-out evaluation
+    runs every step on both processes (it hung on 48bbbf8) and gives one process's accuracy; the linear
+    schedule's lr of every step is one process's; the run saves checkpoints and resumes from one exactly."""
     sets = [
         f"model.path={warm_model_dir}",
         f"output_dir={tmp_path / 'run'}",
         "warm_start.steps=0",
-        "grpo.steps=2",
+        "grpo.steps=3",
+        "grpo.eval_every=1",
+        "grpo.eval_episodes=6",
+        "grpo.lr_schedule=linear",
+        "grpo.warmup_steps=1",
         "grpo.tasks_per_step=4",
         "grpo.group_size=4",
         "grpo.micro_batch_size=4",
         "grpo.max_grad_norm=1e9",  # no clipping: the raw gradients are compared
         "grpo.save_every=1",
+        "grpo.keep_checkpoints=3",
         "grpo.beta=0.02",
     ]
     _launch(tmp_path, [str(ROOT / "tests" / "dist_worker.py"), str(tmp_path), *sets])
@@ -135,25 +146,54 @@ def test_two_processes_split_the_groups_and_match_one_process(warm_model_dir, tm
         assert torch.equal(r0["grads"][n], r1["grads"][n]), n
 
     # ... which equals one process's gradient on the same global batch
-    worst = _single_process_gradient(sets, tmp_path, r0, r1, G)
+    single: dict = {}
+    worst = _single_process_gradient(sets, tmp_path, r0, r1, G, single)
     print(f"2 processes vs 1: largest gradient difference {worst:.1e}")
     assert worst < 1e-5, worst
 
-    # saved and resumed: from checkpoint-1, step 2 is done again exactly and step 3 follows
     run = tmp_path / "run"
     first = _grpo_lines(run / "metrics.jsonl")
-    assert [r["step"] for r in first] == [1, 2] and first[0]["num_episodes"] == 16
+    assert [r["step"] for r in first] == [1, 2, 3] and first[0]["num_episodes"] == 16
+    # step 1's loss statistics over both processes are one process's on the 16 rows (entropy was halved)
+    for key in ("loss", "kl", "entropy", "clip_frac"):
+        assert first[0][key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key
+    # the lr after each step is one process's: linear, 1 warm-up step, 3 steps -> 1e-3 x 1, 1/2, 0
+    lr = load_config(ROOT / "examples" / "counting_tiny.yaml", sets).grpo.lr
+    assert [r["lr"] for r in first] == pytest.approx([lr, lr / 2, 0.0])
+    # held-out accuracy every step, both processes evaluating 3 of the 6 episodes: the last equals one
+    # process evaluating the final model on all 6
+    assert all(0.0 <= r["eval_accuracy"] <= 1.0 for r in first)
+    assert first[-1]["eval_accuracy"] == pytest.approx(_single_process_eval(sets, run / "final"))
+
+    # saved and resumed: from checkpoint-1, steps 2 and 3 are done again exactly
     assert (run / "checkpoint-1" / "random_states_1.pkl").is_file() and (run / "final").is_dir()
     shutil.rmtree(run / "final")
     cfg_file = str(ROOT / "examples" / "counting_tiny.yaml")
-    more = [x for s in [*sets, "grpo.steps=3"] for x in ("--set", s)]
+    more = [x for s in sets for x in ("--set", s)]
     _launch(
         tmp_path,
         ["-m", "mmgrpo", "train", cfg_file, *more, "--no-progress", "--resume", str(run / "checkpoint-1")],
     )
     resumed = _grpo_lines(run / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3]
-    assert resumed[:2] == first
+    assert resumed == first
+
+
+def _single_process_eval(sets, model_dir) -> float:
+    from mmgrpo.evaluate import evaluate_config
+    from mmgrpo.trainer import build_env_factory, build_rewards, eval_metric, load_policy
+
+    cfg = load_config(ROOT / "examples" / "counting_tiny.yaml", sets)
+    policy = load_policy(cfg, model_path=str(model_dir))
+    return evaluate_config(
+        cfg.eval,
+        cfg.env,
+        policy,
+        build_env_factory(cfg),
+        build_rewards(cfg),
+        eval_metric(cfg),
+        episodes=cfg.grpo.eval_episodes,
+    ).accuracy
 
 
 def test_sharded_engines_are_refused_and_deepspeed_gets_one_micro_batch():
@@ -191,10 +231,14 @@ def test_accelerate_configs_load_with_accelerates_own_loader(name):
     assert cfg.num_processes >= 2
 
 
-def test_an_uneven_split_pads_the_smaller_share_with_zero_weight_passes(warm_model_dir, tmp_path):
+@pytest.mark.parametrize("aggregation", ["sequence", "bnpo"])
+def test_an_uneven_split_pads_the_smaller_share_with_zero_weight_passes(
+    warm_model_dir, tmp_path, aggregation
+):
     """3 tasks on 2 processes: process 0 trains 2 groups (2 micro-batches), process 1 one group and a
     zero-weight pass so that both sync their gradients on the same backward; the result still equals
-    one process's gradient on the 12 rows."""
+    one process's gradient on the 12 rows. bnpo averages over the 3 real micro-batches, not the 4 passes
+    (on 48bbbf8 its loss was x 3/4)."""
     sets = [
         f"model.path={warm_model_dir}",
         f"output_dir={tmp_path / 'run'}",
@@ -205,6 +249,7 @@ def test_an_uneven_split_pads_the_smaller_share_with_zero_weight_passes(warm_mod
         "grpo.micro_batch_size=4",
         "grpo.max_grad_norm=1e9",
         "grpo.beta=0.02",
+        f"grpo.aggregation={aggregation}",
     ]
     _launch(tmp_path, [str(ROOT / "tests" / "dist_worker.py"), str(tmp_path), *sets])
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
@@ -212,3 +257,61 @@ def test_an_uneven_split_pads_the_smaller_share_with_zero_weight_passes(warm_mod
     worst = _single_process_gradient(sets, tmp_path, r0, r1, 4)
     print(f"uneven split: largest gradient difference {worst:.1e}")
     assert worst < 1e-5, worst
+
+
+def test_the_lr_schedule_advances_once_per_step_on_two_processes(tiny_model_dir, tmp_path):
+    """constant, linear and cosine with 2 warm-up steps over 6 steps: each process's lr at every step equals
+    one process's, and the schedule's by hand. (On 48bbbf8 accelerate's wrapper stepped the schedule once
+    per process: linear reached 0 at step 3 of 6 on 2 processes; and "constant" ignored its warm-up.)"""
+    import math
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from lr_worker import SCHEDULES, schedule_lrs
+
+    _launch(tmp_path, [str(ROOT / "tests" / "lr_worker.py"), str(tiny_model_dir), str(tmp_path)])
+    ranks = [json.loads((tmp_path / f"lrs{r}.json").read_text()) for r in (0, 1)]
+    cos = [0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(5)]  # steps 3..6: progress k/4 after warm-up
+    by_hand = {
+        "constant": [0.0, 0.5, 1.0, 1.0, 1.0, 1.0],
+        "linear": [0.0, 0.5, 1.0, 0.75, 0.5, 0.25],
+        "cosine": [0.0, 0.5, *cos[:4]],
+    }
+    for name in SCHEDULES:
+        one = schedule_lrs(str(tiny_model_dir), tmp_path / "one" / name, name)
+        want = [1e-3 * f for f in by_hand[name]]
+        assert one == pytest.approx(want, abs=1e-12), (name, one)
+        for r, got in enumerate(ranks):
+            assert got[name] == pytest.approx(one, abs=1e-12), (name, r, got[name], one)
+
+
+def test_multi_turn_counters_are_computed_over_every_process_s_episodes(monkeypatch):
+    """Process 0 saw one bad_args failure in 2 episodes, process 1 none in 2: the rate is 1/4 (48bbbf8
+    averaged the key over the processes that had it: 0.5). An env metric is averaged over the episodes
+    that reported it (3 of 4), not per process."""
+    from types import SimpleNamespace
+
+    import accelerate.utils
+
+    from mmgrpo.rollout import Trajectory
+    from mmgrpo.trainer import all_episode_metrics, episode_counters
+
+    def episode(fail: dict, metrics: dict) -> Trajectory:
+        return Trajectory(
+            group=0,
+            task={},
+            messages=[],
+            completion="",
+            response_ids=[],
+            loss_mask=[],
+            turns=2,
+            tool_calls=1,
+            tool_failures=fail,
+            env_metrics=metrics,
+        )
+
+    mine = [episode({"bad_args": 1}, {"dist": 1.0}), episode({}, {"dist": 2.0})]
+    theirs = [episode({}, {"dist": 6.0}), episode({}, {})]
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda obj: [*obj, episode_counters(theirs)])
+    got = all_episode_metrics(SimpleNamespace(num_processes=2), mine)
+    assert got["tools/fail/bad_args"] == 0.25 and got["tools/failures"] == 0.25
+    assert got["env/dist"] == 3.0 and got["turns"] == 2.0 and got["tools/used_frac"] == 1.0

@@ -3,12 +3,14 @@ through the trainer on the tiny VLM."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from mmgrpo.config import load_config
 from mmgrpo.registry import register_verifier
-from mmgrpo.sampling import overlong_penalty, zero_variance_groups
+from mmgrpo.sampling import longest_turn, overlong_penalty, zero_variance_groups
 from mmgrpo.trainer import Trainer
 
 BASE = [
@@ -117,6 +119,66 @@ def test_soft_overlong_penalty_is_added_before_advantages(tiny_model_dir, tmp_pa
         cut = t.truncation in ("max_new_tokens", "token_budget")
         want = -1.0 if cut else -max(0, t.num_policy_tokens - 3) / 3
         assert float(shaped[i] - scored.total[i]) == pytest.approx(want)
+
+
+def test_longest_turn_reads_the_runs_of_the_loss_mask():
+    assert longest_turn([1, 1, 1, 0, 0, 1, 1]) == 3 and longest_turn([0, 1, 0, 1]) == 1
+    assert longest_turn([]) == 0 and longest_turn([1] * 5) == 5
+
+
+def _three_turns(batch, truncation: str | None):
+    """The batch with its first episode made a 3-turn episode of 3 x 10 policy tokens (5 env tokens
+    between turns), ending as ``truncation`` says; the others untouched."""
+    first = batch.trajectories[0]
+    mask = [1] * 10 + [0] * 5 + [1] * 10 + [0] * 5 + [1] * 10
+    fake = dataclasses.replace(
+        first,
+        loss_mask=mask,
+        response_ids=[5] * len(mask),
+        turns=3,
+        truncated=truncation is not None,
+        truncation=truncation,
+    )
+    return dataclasses.replace(batch, trajectories=[fake, *batch.trajectories[1:]])
+
+
+def test_soft_overlong_penalty_compares_the_longest_turn_with_the_per_turn_limit(tiny_model_dir, tmp_path):
+    """max_new_tokens=16 bounds each turn; 3 untruncated turns of 10 tokens are 30 tokens in all but never
+    near the limit: no penalty (48bbbf8 compared the 30 with 16: -1.0). A turn cut at the limit: -1."""
+    tr = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "grpo.overlong=soft_penalty",
+        "grpo.overlong_buffer=4",
+        "grpo.max_new_tokens=16",
+    )
+    batch, scored, _ = tr.collect(4)
+    shaped = tr.shape_rewards(_three_turns(batch, None), scored.total)
+    assert float(shaped[0] - scored.total[0]) == 0.0
+    shaped = tr.shape_rewards(_three_turns(batch, "max_new_tokens"), scored.total)
+    assert float(shaped[0] - scored.total[0]) == -1.0
+    shaped = tr.shape_rewards(_three_turns(batch, "max_turns"), scored.total)  # turns are not length
+    assert float(shaped[0] - scored.total[0]) == 0.0
+
+
+def test_overlong_mask_keeps_episodes_ended_by_max_turns_and_logs_the_share(tiny_model_dir, tmp_path):
+    """mask leaves out episodes cut for length only: one ended by max_turns (a tool loop) still trains
+    (48bbbf8 dropped every truncated episode, silently); the share masked is in the step's record."""
+    tr = _trainer(tiny_model_dir, tmp_path, "grpo.overlong=mask", "grpo.max_new_tokens=16")
+    batch, _, _ = tr.collect(4)
+    sampled = int(batch.tokens.loss_mask[0].sum())
+    assert sampled > 0
+    for reason, kept in (
+        ("max_turns", True),
+        ("env", True),
+        ("max_new_tokens", False),
+        ("token_budget", False),
+    ):
+        fake = _three_turns(batch, reason)  # the episode's ending; its tokens stay the batch's
+        assert int(tr.trained_tokens(fake).loss_mask[0].sum()) == (sampled if kept else 0), reason
+    record = tr.train_step()
+    assert "overlong/masked_frac" in record
+    assert record["overlong/masked_frac"] <= record["truncated_frac"]
 
 
 def test_group_size_schedule_changes_G_at_its_steps(tiny_model_dir, tmp_path):

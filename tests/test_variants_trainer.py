@@ -83,7 +83,10 @@ def test_kl_in_the_reward_is_beta_times_the_episodes_summed_kl(tiny_model_dir, t
     tr = _trainer(tiny_model_dir, tmp_path, "grpo.kl_in=reward", "grpo.beta=0.5", "grpo.kl_estimator=k1")
     tr.train_step()  # the policy moves away from the reference
     batch, _, _ = tr.collect(4)
-    penalty = tr.kl_reward_penalty(batch.tokens, 4)  # (N,)
+    seq_kl, share = tr.reward_kl(batch.tokens, 4)  # (N,), float
+    penalty = 0.5 * seq_kl  # (N,) what train_step subtracts from the rewards
+    # one process: its share is the whole token-mean KL
+    assert share == pytest.approx(float(seq_kl.sum()) / int(batch.tokens.loss_mask.sum()), rel=1e-5)
     with torch.no_grad():
         now = tr.policy.logprobs(batch.tokens)
         ref = tr.policy.logprobs(batch.tokens, reference=True)
@@ -106,3 +109,38 @@ def test_normalize_then_sum_weighs_a_small_reward_as_much_as_a_large_one(tiny_mo
         scored.per_verifier["test_big"], 4, group_ids=ids
     )
     torch.testing.assert_close(adv, want, atol=1e-5, rtol=1e-5)
+
+
+def test_kl_in_the_reward_is_logged_and_steers_the_adaptive_beta(tiny_model_dir, tmp_path):
+    """kl_in=reward with target_kl: the loss runs with beta 0, so the KL the controller follows (and the
+    log shows) is the reward's: the token mean of the episodes' KL to the reference. On 48bbbf8 it was 0 on
+    every step and beta only shrank."""
+    from mmgrpo.losses import kl_estimate
+
+    tr = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "grpo.kl_in=reward",
+        "grpo.beta=0.1",
+        "grpo.target_kl=1e-6",
+        "grpo.kl_horizon=10",
+        "grpo.kl_estimator=k3",
+        "grpo.lr=1e-2",
+    )
+    by_hand: list[float] = []
+    real_update = tr.update
+
+    def update(tokens, adv, G):  # the KL of the step's episodes, before the step moves the policy
+        with torch.no_grad():
+            now, ref = tr.policy.logprobs(tokens), tr.policy.logprobs(tokens, reference=True)
+        mask = tokens.loss_mask.bool()
+        by_hand.append(float(kl_estimate(now[mask], ref[mask], "k3").mean()))
+        return real_update(tokens, adv, G)
+
+    tr.update = update
+    first, second = tr.train_step(), tr.train_step()
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # step 1: the policy is the reference
+    assert second["kl"] > 1e-4 and second["kl"] == pytest.approx(by_hand[1], rel=1e-4)
+    # beta: 0.1 -> 0.1 * (1 - 0.2 / 10) after step 1 (kl 0 < target), then up by 0.2 / 10 (kl >> target)
+    assert second["beta"] == pytest.approx(0.098)
+    assert tr.kl_ctl.beta == pytest.approx(0.098 * 1.02)
