@@ -9,8 +9,10 @@ the chat template as ``tools=``), then one ``step`` per assistant turn:
 
 A bad call (broken JSON, unknown tool, wrong arguments, a tool that raises or hangs) is an observation, a tool
 message saying what was wrong and how to call the tool, never an exception. The rollout, not the env, enforces
-``max_turns`` and the token budget. Step infos carry ``tool_calls`` (int), ``tool_failures`` ({kind: count})
-and ``tool_names`` (list) for metrics.
+``max_turns`` and the token budget; a tool's result reaches the model in its next turn, so a tool env needs
+``env.max_turns >= 2`` (``MIN_TURNS``; the config refuses less for a registered ToolEnv class, and
+``check_max_turns(env, max_turns)`` is the same check on a built env). Step infos carry ``tool_calls`` (int),
+``tool_failures`` ({kind: count}) and ``tool_names`` (list) for metrics.
 
 Subclasses implement ``make_task(seed, split) -> Task`` exactly as for ``SingleTurnEnv`` and may override
 ``episode_tools(task)`` to give each episode its own tools (e.g. crop and zoom bound to the episode's image).
@@ -23,7 +25,27 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mmgrpo.env import ChatEnv, DemoTurn, Message, Task, check_step, start_task
+from mmgrpo.errors import ConfigError
 from mmgrpo.tools import Tool, ToolRunner, as_tool, count_failures, tool_message
+
+MIN_TURNS = 2
+"""The fewest turns in which a tool call can be answered: the call, then a turn that reads its result."""
+
+
+def max_turns_problem(max_turns: int, env_name: str) -> str | None:
+    """Why ``env.max_turns = max_turns`` cannot work for the tool env ``env_name``, or None when it can."""
+    if max_turns >= MIN_TURNS:
+        return None
+    return (
+        f"is {max_turns}, but the tool env {env_name} answers a tool call in the model's next turn, so no call "
+        "could ever be answered: set env.max_turns >= 2 (the tool examples use 3)"
+    )
+
+
+def check_max_turns(env: Any, max_turns: int, env_name: str = "") -> None:
+    """Raise ConfigError when ``env`` is a ToolEnv and ``max_turns`` leaves no turn to read a tool's result."""
+    if isinstance(env, ToolEnv) and (problem := max_turns_problem(max_turns, env_name or type(env).__name__)):
+        raise ConfigError(f"env.max_turns {problem}")
 
 
 class ToolEnv(ChatEnv):

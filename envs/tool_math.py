@@ -56,7 +56,8 @@ class ToolMathEnv(ToolEnv):
     Args (all keyword):
         ops: operators to draw from, a subset of ``"+"``, ``"-"``, ``"*"`` (default ``["*"]``).
         low, high: operands are uniform integers in ``[low, high]`` (default 10..99).
-        tools: built-in tool names offered to the model (default ``["calculator"]``; see mmgrpo.toolbox).
+        tools: built-in tools offered to the model (default ``["calculator"]``; see mmgrpo.toolbox), each a
+            name or a mapping of the name and the tool's settings, e.g. ``{name: python, cpu_seconds: 2}``.
         demo_answer_prob, demo_wrong_op_prob, demo_copy_prob: the warm-start mix (module docstring).
         system_prompt, question: the texts (question formatted with ``a``, ``op``, ``b``).
         timeout_s, max_result_chars, max_calls_per_turn: the tool runner's limits.
@@ -78,7 +79,7 @@ class ToolMathEnv(ToolEnv):
         max_result_chars: int = 2000,
         max_calls_per_turn: int = 4,
     ) -> None:
-        from mmgrpo.toolbox import make_tool
+        from mmgrpo.toolbox import make_tools
 
         if isinstance(ops, str) or not ops or any(op not in OPS for op in ops):
             bad = next((op for op in ops if op not in OPS), ops) if not isinstance(ops, str) else ops
@@ -109,10 +110,11 @@ class ToolMathEnv(ToolEnv):
             )
         if isinstance(tools, str):
             raise ConfigError(
-                f"ToolMathEnv(tools={tools!r}): expected a list of tool names, e.g. ['calculator']"
+                f"ToolMathEnv(tools={tools!r}): expected a list of tools, e.g. ['calculator'] or "
+                "[{name: python, cpu_seconds: 2}]"
             )
         super().__init__(
-            [make_tool(name) for name in tools],
+            make_tools(tools, "ToolMathEnv: tools"),
             timeout_s=timeout_s,
             max_result_chars=max_result_chars,
             max_calls_per_turn=max_calls_per_turn,

@@ -32,7 +32,7 @@ even generator seeds, eval seeds to odd ones), so the splits never share a scene
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from PIL import Image, ImageDraw
@@ -98,7 +98,8 @@ class ZoomCountEnv(ToolEnv):
         distractor_color: a ``counting.PALETTE`` colour other than red (default ``"blue"``).
         empty_frames: frame every cell that holds nothing, so that the frame does not point at the target
             (default False).
-        tools: the image tools offered, ``["zoom"]`` (default) or ``["zoom", "crop"]``.
+        tools: the image tools offered, ``["zoom"]`` (default) or ``["zoom", "crop"]`` (an entry may also be
+            written ``{name: zoom}``; their settings are the env's ``zoom_size``).
         call_prob: the share of demonstrations that call ``zoom`` (on a random cell) before answering
             (default 0.5; the rest answer at once). Answers in demonstrations are random counts.
         system_prompt: the system message.
@@ -161,6 +162,8 @@ class ZoomCountEnv(ToolEnv):
         if not isinstance(empty_frames, bool):
             raise ConfigError(f"ZoomCountEnv(empty_frames={empty_frames!r}): expected true or false")
         self.empty_frames = empty_frames
+        if isinstance(tools, Sequence) and not isinstance(tools, str):
+            tools = [self._tool_name(i, t) for i, t in enumerate(tools)]
         if (
             isinstance(tools, str)
             or not isinstance(tools, Sequence)
@@ -189,6 +192,22 @@ class ZoomCountEnv(ToolEnv):
                 f"{DEFAULT_QUESTION!r} ({type(e).__name__}: {e})"
             ) from None
         self.question = question
+
+    @staticmethod
+    def _tool_name(i: int, entry: Any) -> Any:
+        """A ``tools`` entry's name: a name, or ``{name: zoom}`` (the image tools' settings are the env's)."""
+        if not isinstance(entry, Mapping):
+            return entry
+        from mmgrpo.toolbox import tool_entry
+
+        name, settings = tool_entry(entry, f"ZoomCountEnv: tools[{i}]", "e.g. zoom or {name: zoom}")
+        if settings:
+            raise ConfigError(
+                f"ZoomCountEnv: tools[{i}]: tool {name!r}: unknown setting {next(iter(settings))!r}. The image "
+                "tools take their settings from the env: zoom_size (the side of a result in pixels); the grid "
+                f"is fixed at {GRID} x {GRID}"
+            )
+        return name
 
     @property
     def scale(self) -> float:

@@ -11,17 +11,24 @@ One assistant turn goes through three stages, each of which turns every problem 
    ``ToolFailure`` (``invalid_json`` / ``bad_call``); it never raises and stays fast on any string.
 2. ``ToolRunner.run(text)`` checks each call against its tool's schema (``unknown_tool``, ``bad_arguments``,
    ``too_many_calls``), then runs the valid ones **concurrently**, each in its own thread and with its own
-   deadline (``timeout``); a tool that raises gives ``tool_error``, a result longer than the cap is cut and says
-   so (``oversized``).
+   deadline (``timeout``); a tool that raises gives ``tool_error``, one that returns something that is not
+   JSON text (a set, an ``object()``, a numpy integer) or an image gives ``bad_result``, and a result longer
+   than the cap is cut and says so (``oversized``).
 3. ``tool_message(result)`` is the ``{"role": "tool", ...}`` message the model sees next. A failure's text
    says what was wrong and how to call the tool correctly, so that a bad call is something to learn from.
 
 Threads cannot be killed: a pure-Python tool that never returns keeps its thread (and one of the runner's
-``max_workers`` slots) for good; the call itself is reported as ``timeout`` at its deadline. The threads are
-daemon threads rather than a ``ThreadPoolExecutor``'s, whose workers are joined at interpreter exit, so a hung
-tool cannot keep a finished training run from exiting. Tools that run untrusted or possibly endless code belong
-in a separate process, like the sandboxed ``python`` tool of ``mmgrpo.toolbox``; plain functions here should be
-quick and bounded. Arguments are checked for JSON types, not coerced: ``3.0`` is not an ``integer``.
+``max_workers`` slots) for good; the call itself is reported as ``timeout`` at its deadline. Such *abandoned*
+threads are counted per tool name across every runner of the process (an env makes a new runner per episode):
+once ``max_abandoned`` threads of a tool are still running past their deadline, further calls of that tool fail
+at once as ``overloaded`` instead of starting another thread, until some of them return. So a tool that hangs
+costs at most ``max_abandoned`` threads (plus the calls in flight), however many episodes call it. The threads
+are daemon threads rather than a ``ThreadPoolExecutor``'s, whose workers are joined at interpreter exit, so a
+hung tool cannot keep a finished training run from exiting. Tools that run untrusted or possibly endless code
+belong in a separate process, like the sandboxed ``python`` tool of ``mmgrpo.toolbox``; plain functions here
+should be quick and bounded. A function may carry its own ``timeout_s`` attribute (the toolbox's ``python`` and
+``http_*`` tools do: the longest a call can take by their own limits); the runner then waits at least that long.
+Arguments are checked for JSON types, not coerced: ``3.0`` is not an ``integer``.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ FAILURE_KINDS = (
     "timeout",
     "oversized",
     "too_many_calls",
+    "bad_result",
+    "overloaded",
 )
 """Every value ``ToolResult.failure`` can take besides None (success)."""
 
@@ -210,6 +219,37 @@ def to_content(value: Any) -> list[Part]:
     return [text_part(_to_text(value))]
 
 
+def result_problem(value: Any) -> str | None:
+    """Why a tool's return value cannot be shown to the model, or None when it can.
+
+    A result is a str, a PIL image, a list or tuple mixing images with values of the other kinds, or anything
+    ``json.dumps`` encodes as it is (numbers, bools, None, lists and dicts of these). The rest (a set, an
+    ``object()``, a numpy integer, a dict holding one of them, a circular list) has no text the model could
+    read, only a ``repr`` such as ``<object object at 0x...>``: the runner reports it as ``bad_result``.
+    """
+    if isinstance(value, (str, Image.Image)):
+        return None
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Image.Image) for v in value):
+        return next((p for v in value if not isinstance(v, Image.Image) and (p := result_problem(v))), None)
+    try:
+        json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        kind = _type_name(value)
+        detail = "nested too deeply" if isinstance(e, RecursionError) else _exception_text(e)
+        why = (
+            ""
+            if detail == f"Object of type {type(value).__name__} is not JSON serializable"
+            else f" ({detail})"
+        )
+        return f"a value of type {kind}{why}, which is not JSON"
+    return None
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _to_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -259,11 +299,24 @@ class _Outcome:
     content: list[Part] | None = None
     error: str | None = None
     seconds: float = 0.0
+    kind: str = "tool_error"  # the failure kind of ``error``
+
+
+MAX_ABANDONED = 8
+"""Default of ``ToolRunner(max_abandoned=...)``: threads of one tool left running past their deadline."""
+_abandoned: dict[str, int] = {}  # tool name -> threads still running past their deadline, in this process
+_abandoned_lock = threading.Lock()
+
+
+def abandoned_threads() -> dict[str, int]:
+    """``{tool name: threads still running past their deadline}`` in this process, non-zero names only."""
+    with _abandoned_lock:
+        return dict(_abandoned)
 
 
 class _Call:
     """One running call: a daemon thread (a hung tool must not block the process from exiting) holding one of
-    the runner's slots until the tool returns."""
+    the runner's slots until the tool returns; counted in ``_abandoned`` from its deadline until it returns."""
 
     def __init__(
         self, tool: Tool, arguments: dict[str, Any], slots: threading.Semaphore, timeout: float
@@ -271,6 +324,7 @@ class _Call:
         self.tool, self.timeout, self.slots = tool, timeout, slots
         self.outcome: _Outcome | None = None
         self.done = threading.Event()
+        self.finished = self.abandoned = False  # both guarded by _abandoned_lock
         self.t0 = time.perf_counter()
         name = f"mmgrpo-tool-{tool.name}"
         threading.Thread(target=self._run, args=(arguments,), name=name, daemon=True).start()
@@ -280,7 +334,24 @@ class _Call:
             self.outcome = _execute(self.tool, arguments)
         finally:
             self.slots.release()
+            with _abandoned_lock:
+                self.finished = True
+                if self.abandoned:
+                    left = _abandoned.get(self.tool.name, 1) - 1
+                    if left > 0:
+                        _abandoned[self.tool.name] = left
+                    else:
+                        _abandoned.pop(self.tool.name, None)
             self.done.set()
+
+    def abandon(self) -> bool:
+        """Count the call as abandoned (its thread runs on past the deadline); False if it has just finished."""
+        with _abandoned_lock:
+            if self.finished:
+                return False
+            self.abandoned = True
+            _abandoned[self.tool.name] = _abandoned.get(self.tool.name, 0) + 1
+            return True
 
 
 def _execute(tool: Tool, arguments: dict[str, Any]) -> _Outcome:
@@ -293,6 +364,13 @@ def _execute(tool: Tool, arguments: dict[str, Any]) -> _Outcome:
             error=f"{tool.name} raised {type(e).__name__}: {_exception_text(e)}", seconds=_since(t0)
         )
     try:
+        if problem := result_problem(value):
+            return _Outcome(
+                error=f"{tool.name} returned {problem}; a tool must return a str, a number, a bool, None, a "
+                "list or dict of these, or a PIL image",
+                seconds=_since(t0),
+                kind="bad_result",
+            )
         return _Outcome(content=to_content(value), seconds=_since(t0))
     except Exception as e:
         return _Outcome(
@@ -300,6 +378,13 @@ def _execute(tool: Tool, arguments: dict[str, Any]) -> _Outcome:
             f"({type(e).__name__}: {_exception_text(e)})",
             seconds=_since(t0),
         )
+
+
+def _own_timeout(tool: Tool) -> float:
+    """The function's own ``timeout_s`` attribute (the longest a call takes by its own limits), or 0."""
+    value = getattr(tool.fn, "timeout_s", None)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return float(value) if ok and value < float("inf") else 0.0
 
 
 def _since(t0: float) -> float:
@@ -319,9 +404,13 @@ class ToolRunner:
 
     ``timeout_s`` is the default per-call deadline (a Tool's own ``timeout_s`` wins), ``max_result_chars`` the
     cap on a result's text, ``max_calls_per_turn`` how many calls of one turn are run (the rest get
-    ``too_many_calls``). Each call runs in its own daemon thread; ``max_workers`` bounds how many may be alive at
-    once, so that tools which hang past their deadline (their threads live on) cannot pile up: once all are
-    taken, further calls fail at once with ``timeout``.
+    ``too_many_calls``). Each call runs in its own daemon thread; ``max_workers`` bounds how many of this
+    runner's may be alive at once (once all are taken, further calls fail at once with ``timeout``), and
+    ``max_abandoned`` how many threads of one tool, counted across every runner of the process, may be left
+    running past their deadline (then further calls of that tool fail at once with ``overloaded``), so that tools
+    which hang (their threads live on) cannot pile up, however many episodes call them. A call's deadline is
+    the Tool's ``timeout_s``, else the longer of ``timeout_s`` and the function's own ``timeout_s`` attribute
+    (the toolbox's ``python`` and ``http_*`` tools carry one: their own limits, which report more clearly).
     """
 
     def __init__(
@@ -332,12 +421,14 @@ class ToolRunner:
         max_result_chars: int = 2000,
         max_calls_per_turn: int = 4,
         max_workers: int = 16,
+        max_abandoned: int = MAX_ABANDONED,
     ) -> None:
         for key, value, kinds in (
             ("timeout_s", timeout_s, (int, float)),
             ("max_result_chars", max_result_chars, int),
             ("max_calls_per_turn", max_calls_per_turn, int),
             ("max_workers", max_workers, int),
+            ("max_abandoned", max_abandoned, int),
         ):
             if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
                 raise ConfigError(f"ToolRunner({key}={value!r}): expected a positive number")
@@ -357,6 +448,7 @@ class ToolRunner:
         self.max_result_chars = max_result_chars
         self.max_calls_per_turn = max_calls_per_turn
         self.max_workers = max_workers
+        self.max_abandoned = max_abandoned
         self._slots = threading.BoundedSemaphore(max_workers)
 
     @property
@@ -404,7 +496,17 @@ class ToolRunner:
                 f"{tool.name} could not start: {self.max_workers} earlier tool calls are still running past "
                 "their deadline. Answer without tools, or try again later.",
             )
-        timeout = tool.timeout_s if tool.timeout_s is not None else self.timeout_s
+        with _abandoned_lock:
+            hung = _abandoned.get(tool.name, 0)
+        if hung >= self.max_abandoned:
+            self._slots.release()
+            return self._fail(
+                tool.name,
+                "overloaded",
+                f"{tool.name} is not available: {hung} earlier calls of it are still running past their "
+                "deadline. Answer without it, or try again later.",
+            )
+        timeout = tool.timeout_s if tool.timeout_s is not None else max(self.timeout_s, _own_timeout(tool))
         try:
             return _Call(tool, entry.arguments, self._slots, timeout)
         except RuntimeError as e:  # "can't start new thread"
@@ -414,7 +516,7 @@ class ToolRunner:
     def _finish(self, call: _Call) -> ToolResult:
         """Wait for ``call`` until its own deadline (counted from its start) and turn it into a result."""
         name = call.tool.name
-        if not call.done.wait(max(0.0, call.t0 + call.timeout - time.perf_counter())):
+        if not call.done.wait(max(0.0, call.t0 + call.timeout - time.perf_counter())) and call.abandon():
             return self._fail(
                 name,
                 "timeout",
@@ -422,9 +524,10 @@ class ToolRunner:
                 "Try a smaller input or a different approach.",
                 seconds=_since(call.t0),
             )
+        call.done.wait()  # set at once after the tool returned (it may have returned just past the deadline)
         outcome = call.outcome or _Outcome(error=f"{name} failed")
         if outcome.error is not None:
-            return self._fail(name, "tool_error", outcome.error, outcome.seconds)
+            return self._fail(name, outcome.kind, outcome.error, outcome.seconds)
         content, cut = truncate(outcome.content or [], self.max_result_chars)
         content = [text_part(_clean(p["text"])) if p["type"] == "text" else p for p in content]
         return ToolResult(name, content, "oversized" if cut else None, outcome.seconds)
