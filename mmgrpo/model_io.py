@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,5 +253,54 @@ def save_model(model, processor, out_dir: str | Path, *, merged: bool = False, s
         model.save_pretrained(out, state_dict=state_dict)
     else:
         model.save_pretrained(out)
+    if is_lora(model) and not merged:
+        _absolute_adapter_base(out)
     processor.save_pretrained(out)
+    share_file_modes(out)  # safetensors >= 0.8 writes weights 0600 (safetensors#782)
     return out
+
+
+def _absolute_adapter_base(out: Path) -> None:
+    """peft writes an adapter's base model as the path it was loaded from, relative to the run's working
+    directory (``runs/tiny-model``), so the adapter folder would load from that directory only. A local
+    base is stored as an absolute path instead; a hub id stays as it is."""
+    config_file = out / "adapter_config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    base = config.get("base_model_name_or_path")
+    if base and not Path(base).is_absolute() and Path(base).is_dir():
+        config["base_model_name_or_path"] = str(Path(base).resolve())
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def share_file_modes(folder: Path) -> None:
+    """Give ``folder``'s ``*.safetensors`` files the permissions its other files have.
+
+    safetensors >= 0.8 writes through a temporary file, created with mode 0600 whatever the umask
+    (safetensors/safetensors#782), so a model saved by one user could not be read by another while its
+    config.json could. The mode of a file the folder got through ``open()`` (config.json) is the one the
+    umask gives; without one the umask is read from /proc or, failing that, set and restored.
+    """
+    weights = list(folder.glob("*.safetensors"))
+    if not weights:
+        return
+    reference = next((f for f in (folder / "config.json", *folder.glob("*.json")) if f.is_file()), None)
+    if reference is not None:
+        mode = reference.stat().st_mode & 0o777
+    else:
+        mode = 0o666 & ~_umask()
+    for f in weights:
+        os.chmod(f, mode)
+
+
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -32,11 +32,12 @@ from mmgrpo.adapters import unwrap
 from mmgrpo.advantages import group_advantages, group_stats
 from mmgrpo.batch import TokenBatch
 from mmgrpo.checkpoint import (
-    config_differences,
+    latest_checkpoint,
     load_checkpoint,
-    read_state,
     register_model_hooks,
+    resume_changes,
     save_checkpoint,
+    write_failure,
 )
 from mmgrpo.config import Config, config_to_dict, save_config
 from mmgrpo.diagnostics import repetition
@@ -63,8 +64,11 @@ from mmgrpo.verifier import Rewards
 
 
 def build_env_factory(cfg: Config) -> Callable[[], ChatEnv]:
-    """A zero-argument env factory; builds one env now so bad kwargs fail before any model loads."""
-    make_env(cfg.env.name, **cfg.env.kwargs)
+    """A zero-argument env factory; builds one env now so bad kwargs (and a tool env with too few turns
+    to answer a call) fail before any model loads."""
+    from mmgrpo.envs.tool_env import check_max_turns
+
+    check_max_turns(make_env(cfg.env.name, **cfg.env.kwargs), cfg.env.max_turns, f"'{cfg.env.name}'")
     return lambda: make_env(cfg.env.name, **cfg.env.kwargs)
 
 
@@ -149,6 +153,7 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], pr
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
 
+    check_trackers(log_with)
     kw = dict(
         cpu=cpu,
         mixed_precision=mixed_precision,
@@ -163,6 +168,34 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], pr
             raise
         AcceleratorState._reset_state(reset_partial_state=True)
         return Accelerator(**kw)
+
+
+TRACKER_MODULES = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "comet_ml": ("comet_ml",),
+}
+"""The modules a tracker of logging.report_to needs (accelerate's own names), when not the tracker's name."""
+
+
+def check_trackers(names: list[str]) -> None:
+    """ConfigError naming the trackers of logging.report_to whose package is not installed: accelerate
+    would drop them with a library warning and the run would train with no tracker."""
+    import importlib.util
+
+    def installed(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    missing = [n for n in names if not any(installed(m) for m in TRACKER_MODULES.get(n, (n,)))]
+    if missing:
+        extra = " (or pip install -e '.[tensorboard]' from a clone)" if "tensorboard" in missing else ""
+        raise ConfigError(
+            f"logging.report_to lists {', '.join(missing)}, which is not installed: pip install "
+            f"{' '.join(missing)}{extra}, or remove it from logging.report_to (metrics.jsonl is written "
+            "either way)"
+        )
 
 
 def make_scheduler(name: str, optimizer, *, warmup_steps: int, steps: int):
@@ -712,28 +745,55 @@ class Trainer:
         return any(gather_objects(self.accelerator, self.stop_requested))
 
     def save_checkpoint(self) -> Path:
-        """output_dir/checkpoint-{step}: everything needed to continue this run exactly (mmgrpo.checkpoint)."""
+        """output_dir/checkpoint-{step}: everything needed to continue this run exactly (mmgrpo.checkpoint).
+        Written once per step by this trainer (a stop right after a periodic save does not write it again);
+        a checkpoint-{step} left by an earlier process (a resume from an older checkpoint) is replaced."""
         path = self.out / f"checkpoint-{self.step}"
-        if (path / "mmgrpo_state.json").is_file() and read_state(path)["step"] == self.step:
-            return path  # already written at this step
-        return save_checkpoint(self, path, keep_last=self.cfg.grpo.keep_checkpoints)
+        if getattr(self, "_saved_step", None) == self.step and path.is_dir():
+            return path
+        save_checkpoint(self, path, keep_last=self.cfg.grpo.keep_checkpoints)
+        self._saved_step = self.step
+        return path
 
     def resume(self, path: Path) -> dict[str, Any]:
         """Continue from checkpoint ``path``: weights, optimizer, scheduler, RNG states, reference, step
-        and fault counters restored; metrics.jsonl cut back to the steps the checkpoint had done."""
+        and fault counters restored; metrics.jsonl cut back to the steps the checkpoint had done.
+
+        A changed config applies from the next step (one warning line says how each change is taken):
+        the learning rates, AdamW's betas and weight decay and the schedule, which the restored optimizer
+        and scheduler would override, are set again from the new config (:meth:`rebuild_lr`); changes that
+        cannot apply (mmgrpo.checkpoint.FIXED_ON_RESUME) are refused before anything is loaded."""
         state = load_checkpoint(self, path)
+        self.rebuild_lr()
+        if Path(path).resolve() == (self.out / f"checkpoint-{self.step}").resolve():
+            self._saved_step = self.step  # a stop before the next step need not write it again
         if self.is_main:
-            changed = config_differences(state.get("config", {}), self.flat_config)
-            if changed:
-                print(
-                    f"mmgrpo: warning: resuming {path} with a changed config ({'; '.join(changed[:5])}); "
-                    "the continuation will not match an uninterrupted run",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            line = resume_changes(state.get("config", {}), self.flat_config).warning(path, self.step)
+            if line:
+                print(line, file=sys.stderr, flush=True)
             truncate_metrics(self.metrics_path, self.step)
         self.accelerator.wait_for_everyone()
         return state
+
+    def rebuild_lr(self) -> None:
+        """Set each parameter group's learning rate (the vision group's from model.vision_lr), AdamW's
+        betas and weight decay, and the learning-rate schedule from this run's config, at the position the
+        restored schedule had reached (the optimizer steps taken). AdamW's moments stay as restored. With
+        an unchanged config this reproduces the restored values exactly (lr = initial_lr * factor(n), the
+        schedule's own formula)."""
+        from torch.optim.lr_scheduler import LambdaLR
+
+        g, vision_lr = self.cfg.grpo, self.cfg.model.vision_lr
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # inside accelerate's wrapper
+        wrapper = self.scheduler
+        done = wrapper.scheduler.last_epoch  # optimizer steps taken (a skipped batch takes none)
+        for group in optimizer.param_groups:
+            lr = vision_lr if group.get("name") == "vision" and vision_lr is not None else g.lr
+            group.update(lr=lr, initial_lr=lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
+        factors = make_scheduler(  # the new schedule's factor per optimizer step
+            g.lr_schedule, optimizer, warmup_steps=g.warmup_steps, steps=g.steps * g.num_iterations
+        ).lr_lambdas
+        wrapper.scheduler = LambdaLR(optimizer, factors, last_epoch=done - 1)  # constructing steps it to done
 
     def evaluate(self, episodes: int | None = None, seeds: list[int] | None = None):
         """Held-out accuracy of the current policy (eval split, settings from ``cfg.eval``), on this
@@ -760,7 +820,12 @@ class Trainer:
         broadcasts buffers, a collective that a process not evaluating never joins (the run hung), and
         processes run different numbers of forwards. The weights are equal on every process after a step.
         """
+        from mmgrpo.evaluate import distinct_episodes
+
         e = self.cfg.eval
+        first = not getattr(self, "_eval_sized", False)  # say it once if the split is smaller
+        episodes = distinct_episodes(self.make_env, episodes, warn=first and self.is_main)
+        self._eval_sized = True
         seeds = shard(list(range(e.seed_offset, e.seed_offset + episodes)), self.rank, self.world)
         correct = 0
         if seeds:
@@ -935,13 +1000,12 @@ def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
 
     Atomic: everything is written to ``<out_dir>.partial`` and renamed into place only when complete, so a
     save that fails (a full disk, a kill) never leaves an ``out_dir`` that looks like a model and is not,
-    and an earlier save at ``out_dir`` survives until the new one is whole.
+    and an earlier save at ``out_dir`` survives until the new one is whole. When the write fails, the model
+    is written to a rescue folder in the temporary directory ($TMPDIR) instead, so that the trained
+    weights are not lost with the process, and one ConfigError says where (or that the copy failed too, and
+    which checkpoint of the run is the latest).
     """
-    import shutil
-
     from accelerate.utils import DistributedType
-
-    from mmgrpo.model_io import save_model
 
     state_dict = None
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
@@ -950,33 +1014,71 @@ def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
         accelerator.wait_for_everyone()
         return
     out_dir = Path(out_dir)
+    model = accelerator.unwrap_model(policy.model)
+    try:
+        _write_model_folder(model, policy.processor, cfg, out_dir, state_dict)
+    except Exception as e:
+        reason = write_failure(e, out_dir)
+        if reason is None:
+            raise
+        error = ConfigError(_save_failed(model, policy.processor, cfg, out_dir, state_dict, reason))
+        accelerator.wait_for_everyone()  # the other processes go on; this one stops with the error
+        raise error from None
+    accelerator.wait_for_everyone()
+
+
+def _write_model_folder(model, processor, cfg: Config, out_dir: Path, state_dict=None) -> None:
+    """The model folder of :func:`save_run` at ``out_dir``, through ``<out_dir>.partial`` (removed when
+    the write fails) and a rename."""
+    import shutil
+
+    from mmgrpo.model_io import save_model
+
     partial = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model = accelerator.unwrap_model(policy.model)
     lo = cfg.model.lora
     try:
         save_model(
-            model,
-            policy.processor,
-            partial,
-            merged=lo is not None and lo.save == "merged",
-            state_dict=state_dict,
+            model, processor, partial, merged=lo is not None and lo.save == "merged", state_dict=state_dict
         )
         save_config(cfg, partial / "mmgrpo_config.yaml")
-    except OSError as e:
+    except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ConfigError(
-            f"saving to {out_dir} failed ({e.strerror or e}); nothing was replaced"
-            + (f" (the earlier save at {out_dir} is intact)" if out_dir.exists() else "")
-            + ". Free some space or set output_dir elsewhere."
-        ) from None
+        raise
     old = out_dir.with_name(out_dir.name + ".old")
     if out_dir.exists():
         shutil.rmtree(old, ignore_errors=True)
         out_dir.rename(old)
     partial.rename(out_dir)
     shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
+
+
+def _save_failed(model, processor, cfg: Config, out_dir: Path, state_dict, reason: str) -> str:
+    """After the save to ``out_dir`` failed: write the model to a rescue folder in the temporary
+    directory and return the one-line error that says where (or what is left when that fails too)."""
+    import tempfile
+
+    head = f"saving {out_dir} failed ({reason}); nothing there was replaced" + (
+        f" (the earlier save at {out_dir} is intact)" if out_dir.exists() else ""
+    )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    rescue = Path(tempfile.gettempdir()) / f"mmgrpo-rescue-{out_dir.parent.name}-{out_dir.name}-{stamp}"
+    try:
+        _write_model_folder(model, processor, cfg, rescue, state_dict)
+    except Exception as e:
+        why = write_failure(e, rescue) or f"{type(e).__name__}: {e}"
+        kept = latest_checkpoint(out_dir.parent)
+        return f"{head}, and a copy to {rescue} failed too ({why}). " + (
+            f"The latest checkpoint is {kept}: free some space, then resume from it with --resume {kept}."
+            if kept
+            else "The trained weights are lost: free some space and run again (grpo.save_every keeps "
+            "checkpoints during a run)."
+        )
+    move = f"replace {out_dir} with it" if out_dir.exists() else f"move it there (mv {rescue} {out_dir})"
+    return (
+        f"{head}. The trained model was saved to {rescue} instead: once there is space, {move}, or use it "
+        f"where it is (mmgrpo eval --model {rescue}, or as model.path)."
+    )
 
 
 def flat_config(d: dict, prefix: str = "") -> dict[str, Any]:
