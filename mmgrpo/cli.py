@@ -39,21 +39,50 @@ def _find_demo_config(task: str = "counting") -> Path:
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from mmgrpo.tiny import TinyModelSpec, build_tiny_model, count_parameters
 
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():  # said before the seconds of building
+        raise MmgrpoError(f"'{out_dir}' is a file, not a folder: give a new folder path for the tiny model")
+    try:
+        if args.text_only:
+            from mmgrpo.tiny_text import build_tiny_text_model
+
+            out = build_tiny_text_model(out_dir, seed=args.seed)
+        else:
+            out = build_tiny_model(out_dir, TinyModelSpec(seed=args.seed))
+    except OSError as exc:  # nothing is left half-written: the model was built in OUT_DIR.partial
+        raise _write_error("the tiny model", out_dir, exc) from exc
     if args.text_only:
         from transformers import AutoModelForCausalLM
 
-        from mmgrpo.tiny_text import build_tiny_text_model
-
-        out = build_tiny_text_model(args.out_dir, seed=args.seed)
         n = count_parameters(AutoModelForCausalLM.from_pretrained(out))
         print(f"tiny Qwen2 causal LM ({n / 1e6:.2f}M parameters, text only) saved to {out}")
         return 0
     from transformers import AutoModelForImageTextToText
 
-    out = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed))
     n = count_parameters(AutoModelForImageTextToText.from_pretrained(out))
     print(f"tiny Qwen2.5-VL ({n / 1e6:.2f}M parameters) saved to {out}")
     return 0
+
+
+def _write_error(what: str, path: Path, exc: OSError) -> MmgrpoError:
+    """One line for a write that failed (a full disk, a read-only or a wrong path) and what to do."""
+    import errno
+
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space or choose a folder on another disk"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        fix = "choose a folder you can write to"
+    elif exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        fix = "a file stands where a folder is needed (or the other way round): give another path"
+    else:
+        fix = "choose another path"
+    # the file or folder that failed, unless it is the path itself or mmgrpo's hidden partial copy of it
+    shown = exc.filename and str(exc.filename) != str(path) and ".partial" not in str(exc.filename)
+    where = f" ({exc.filename})" if shown else ""
+    return MmgrpoError(
+        f"cannot write {what} to '{path}': {reason}{where}; {fix}. Nothing was left half-written."
+    )
 
 
 def cmd_config_reference(args: argparse.Namespace) -> int:
@@ -71,14 +100,22 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mmgrpo.checkpoint import latest_checkpoint
     from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer, TrainingStopped
+    from mmgrpo.run_lock import RunLock
 
     cfg = load_config(args.config, args.set)
     out = Path(cfg.output_dir)
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in output_dir and --overwrite deletes it: give one")
+    with RunLock(out, "mmgrpo train"):
+        return _train(args, cfg, out)
+
+
+def _train(args: argparse.Namespace, cfg, out: Path) -> int:
+    """``mmgrpo train`` with output_dir's lock held."""
+    from mmgrpo.checkpoint import latest_checkpoint
+    from mmgrpo.trainer import Trainer, TrainingStopped
+
     resume_from = None
     if args.resume:
         resume_from = latest_checkpoint(out) if args.resume == LATEST else Path(args.resume)
@@ -90,9 +127,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
     else:
         _claim_output_dir(out, overwrite=args.overwrite)
+    set_cpu_threads(args.threads)
     trainer = Trainer(cfg, progress=not args.no_progress)
-    from mmgrpo.plots import plot_metrics
-
     stopper = _SignalStop(trainer)
     try:
         with stopper:
@@ -113,7 +149,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainingStopped as stop:
         if trainer.is_main:
             if trainer.metrics_path.exists() and stop.step > 0:
-                plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
+                _draw_curves(trainer)
             resume = " ".join(["mmgrpo train", args.config, *(f"--set {s}" for s in args.set), "--resume"])
             print(
                 f"\nmmgrpo: stopped after step {stop.step} of {cfg.grpo.steps}; checkpoint in {stop.path}; "
@@ -123,7 +159,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         return 128 + stopper.signum
     if cfg.grpo.steps > 0 and trainer.is_main:  # a warm-start-only run has no GRPO curves to draw
-        plot_metrics(trainer.metrics_path, trainer.out / "curves.png")
+        _draw_curves(trainer)
     if trainer.is_main:
         print(
             f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
@@ -133,6 +169,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 LATEST = "latest"
+
+
+def _draw_curves(trainer) -> None:
+    """curves.png at the end of a run; the model is saved by then, so a failed write is one warning line."""
+    from mmgrpo.plots import plot_metrics
+
+    path = trainer.out / "curves.png"
+    try:
+        plot_metrics(trainer.metrics_path, path)
+    except OSError as exc:
+        warning = _write_error("the learning curves", path, exc)
+        print(f"mmgrpo: warning: {warning}", file=sys.stderr, flush=True)
 
 
 class _SignalStop:
@@ -195,9 +243,10 @@ RUN_FILES = ("metrics.jsonl", "final", "interrupted", "curves.png", "samples", "
 """What a run writes into its output_dir (with checkpoint-N folders)."""
 
 
-def _claim_output_dir(out: Path, *, overwrite: bool) -> None:
+def _claim_output_dir(out: Path, *, overwrite: bool, resume: bool = True) -> None:
     """Refuse to train into a folder that holds a run (its final model would be replaced and its metrics
-    appended to), unless ``--overwrite``, which removes that run's files first."""
+    appended to), unless ``--overwrite``, which removes that run's files first. ``resume``: the command
+    has --resume (train does, sft does not)."""
     import shutil
 
     found = [n for n in RUN_FILES if (out / n).exists()] + sorted(p.name for p in out.glob("checkpoint-*"))
@@ -206,8 +255,9 @@ def _claim_output_dir(out: Path, *, overwrite: bool) -> None:
     if not overwrite:
         raise ConfigError(
             f"output_dir '{out}' already holds a run ({', '.join(found[:4])}); training there would replace "
-            "its model and mix its metrics with the new run's. Pass --resume to continue it from its latest "
-            "checkpoint, --overwrite to delete it and start anew, or set another output_dir."
+            "its model and mix its metrics with the new run's. Pass "
+            + ("--resume to continue it from its latest checkpoint, " if resume else "")
+            + "--overwrite to delete it and start anew, or set another output_dir."
         )
     for name in found:
         path = out / name
@@ -218,10 +268,21 @@ def cmd_sft(args: argparse.Namespace) -> int:
     import shlex
 
     from mmgrpo.config import load_config
+    from mmgrpo.run_lock import RunLock
     from mmgrpo.sft import run_sft
 
     cfg = load_config(args.config, args.set)
-    summary = run_sft(cfg, progress=not args.no_progress)
+    out = Path(cfg.output_dir)
+    with RunLock(out, "mmgrpo sft"):
+        # like train: an earlier run's final/ is not replaced unless --overwrite
+        _claim_output_dir(out, overwrite=args.overwrite, resume=False)
+        set_cpu_threads(args.threads)
+        try:
+            summary = run_sft(cfg, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            metrics = out / "metrics.jsonl"
+            so_far = f"; its metrics so far are in {metrics}" if metrics.exists() else ""
+            raise _Interrupted(f"mmgrpo: sft interrupted; no model saved{so_far}") from None
     final = summary["final"]
     dropped = f" ({summary['dropped']} over-long rows dropped)" if summary["dropped"] else ""
     held = f", eval loss {summary['eval_loss']:.3f}" if "eval_loss" in summary else ""
@@ -246,21 +307,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     make_env, rewards, metric = build_env_factory(cfg), build_rewards(cfg), eval_metric(cfg)
+    set_cpu_threads(args.threads)
     policy = load_policy(cfg, args.model)
     result = evaluate_config(
         cfg.eval, cfg.env, policy, make_env, rewards, metric, episodes=args.n, progress=not args.no_progress
     )
-    # next to the model; a hub id has no folder here, so the run directory takes it
-    where = args.model if Path(args.model).is_dir() else cfg.output_dir
-    path = write_eval(result, where)
     for name, v in result.per_verifier.items():
         print(f"  {name}: {v:.3f}")
     for name, v in result.episode_metrics.items():
         print(f"  {name}: {v:.3f}")
+    accuracy = f"accuracy: {result.accuracy:.3f} (n={result.n})"  # the last line, whatever happens next
+    # next to the model; a hub id has no folder here, so the run directory takes it
+    where = args.model if Path(args.model).is_dir() else cfg.output_dir
+    try:
+        path, folder = write_eval(result, where), write_transcripts(result, where)
+    except OSError as e:
+        print(accuracy, flush=True)
+        print(
+            f"mmgrpo: error: could not write eval.json into {where} ({e.strerror or e}); the accuracy above "
+            "is the result. To keep it in a file, copy the model to a folder you can write to and evaluate "
+            "that one.",
+            file=sys.stderr,
+        )
+        return 1
     print(f"wrote {path}")
-    if (folder := write_transcripts(result, where)) is not None:
+    if folder is not None:
         print(f"wrote {len(result.transcripts)} transcripts to {folder}")
-    print(f"accuracy: {result.accuracy:.3f} (n={result.n})")
+    print(accuracy)
     return 0
 
 
@@ -273,7 +346,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise DataError(
             f"{run} {what}: give the output_dir of a run (`mmgrpo train` writes metrics.jsonl there)"
         )
-    path = plot_metrics(run / "metrics.jsonl", args.out or run / "curves.png")
+    out = Path(args.out) if args.out else run / "curves.png"
+    try:
+        path = plot_metrics(run / "metrics.jsonl", out)
+    except OSError as exc:
+        raise _write_error("the learning curves", out, exc) from exc
     print(f"wrote {path}")
     return 0
 
@@ -311,6 +388,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     g = cfg.grpo
     make_env, rewards = build_env_factory(cfg), build_rewards(cfg)
+    set_cpu_threads(args.threads)
     policy = load_policy(cfg, args.model)
     envs = [make_env() for _ in range(g.episodes_per_step)]
     totals, zero, formats = [], [], []
@@ -355,29 +433,60 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from mmgrpo.run_lock import RunLock
+
+    out = Path(args.out)
+    with RunLock(out, "mmgrpo demo", what="--out"), contextlib.ExitStack() as locks:
+        try:
+            return _demo(args, out, locks)
+        except KeyboardInterrupt:
+            raise _Interrupted(_demo_kept(out)) from None
+
+
+def _demo_kept(out: Path) -> str:
+    """The line for a demo stopped by Ctrl-C: which of its models are on disk (each is saved whole)."""
+    from mmgrpo.tiny import is_model_dir
+
+    models = (("tiny-model", "the tiny model"), ("tiny-text-model", "the tiny text model"))
+    models += (("warm-started", "the warm-started model"),)
+    kept = [f"{what} in {out / name}" for name, what in models if is_model_dir(out / name)]
+    if not kept:
+        return "mmgrpo: demo interrupted; nothing saved"
+    return f"mmgrpo: demo interrupted; the run is not saved; kept {' and '.join(kept)} (a new demo reuses it)"
+
+
+def _demo(args: argparse.Namespace, out: Path, locks) -> int:
+    """``mmgrpo demo`` with the lock of ``--out`` held; ``locks`` (an ExitStack) takes the run folder's."""
     from mmgrpo.config import load_config
     from mmgrpo.local_processes import choose_processes, launch
+    from mmgrpo.run_lock import RunLock
     from mmgrpo.tiny import build_tiny_model, is_model_dir
     from mmgrpo.trainer import Trainer, load_policy
 
     t0 = time.perf_counter()
-    out = Path(args.out)
-    if args.task in TEXT_ONLY_DEMOS and not args.config:
-        from mmgrpo.tiny_text import build_tiny_text_model
+    set_cpu_threads(args.threads)
+    text_only = args.task in TEXT_ONLY_DEMOS and not args.config
+    model_dir = out / ("tiny-text-model" if text_only else "tiny-model")
+    if not is_model_dir(model_dir):
+        try:
+            if text_only:
+                from mmgrpo.tiny_text import build_tiny_text_model
 
-        model_dir = out / "tiny-text-model"
-        if not is_model_dir(model_dir):
-            build_tiny_text_model(model_dir)
-            print(f"demo: built the tiny text-only Qwen2 in {model_dir}", flush=True)
-    else:
-        model_dir = out / "tiny-model"
-        if not is_model_dir(model_dir):
-            build_tiny_model(model_dir)
-            print(f"demo: built the tiny Qwen2.5-VL in {model_dir}", flush=True)
+                build_tiny_text_model(model_dir)
+            else:
+                build_tiny_model(model_dir)
+        except OSError as exc:
+            raise _write_error("the tiny model", model_dir, exc) from exc
+        what = "text-only Qwen2" if text_only else "Qwen2.5-VL"
+        print(f"demo: built the tiny {what} in {model_dir}", flush=True)
     config = Path(args.config) if args.config else _find_demo_config(args.task)
     overrides = [f"model.path={model_dir}", f"output_dir={out / 'run'}", *args.set]
     cfg = load_config(config, overrides)
     run_dir = Path(cfg.output_dir)
+    if run_dir.resolve() != out.resolve():  # the run's folder is locked too (it may be outside --out)
+        locks.enter_context(RunLock(run_dir, "mmgrpo demo"))
     if (run_dir / "metrics.jsonl").exists():
         (run_dir / "metrics.jsonl").unlink()  # a fresh demo run, not an append to the last one
     trainer = Trainer(cfg, progress=not args.no_progress)
@@ -450,15 +559,109 @@ def _tool_use(result) -> str:
     )
 
 
+def version() -> str:
+    """The installed distribution's version (``mmgrpo.__version__`` when run from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("mmgrpo")
+    except PackageNotFoundError:
+        from mmgrpo import __version__
+
+        return __version__
+
+
+def cpu_cores() -> int:
+    """Physical cores this process may use: its CPU affinity, less hyperthread siblings, within a cgroup
+    CPU quota (a container's --cpus)."""
+    import os
+
+    try:
+        logical = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        logical = os.cpu_count() or 1
+    cores = logical
+    try:
+        import psutil  # a dependency of accelerate
+
+        physical, total = psutil.cpu_count(logical=False), psutil.cpu_count(logical=True)
+        if physical and total and physical < total:
+            cores = max(1, logical * physical // total)
+    except ImportError:
+        pass
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def default_cpu_threads(cores: int, processes: int = 1) -> int:
+    """Torch threads for a CPU run: half of each process's share of the cores, at least 1, at most 4.
+
+    Not all of them: an OpenMP thread spins while it waits for its siblings, so on a machine where other
+    work holds some cores every operator waits for the slowest thread. Measured on a 2-core machine under
+    a CI job's load, the counting demo's GRPO step took 1.0-1.5 s with one thread and 3.7-15.5 s with
+    torch's default of two; the tiny models gain little from more threads even on an idle machine.
+    """
+    return max(1, min(4, cores // (2 * max(1, processes))))
+
+
+_THREADS_SAID = False
+
+
+def set_cpu_threads(requested: int | None) -> None:
+    """``--threads N``, else OMP_NUM_THREADS (torch reads it), else on a machine without a GPU
+    :func:`default_cpu_threads`, said once per process on stderr. Called when a command's input is
+    checked and its work (a model) starts."""
+    import os
+
+    global _THREADS_SAID
+
+    if requested is None and (os.environ.get("OMP_NUM_THREADS") or "").strip():
+        return
+    import torch
+
+    if requested is not None:
+        torch.set_num_threads(requested)
+        return
+    if torch.cuda.is_available():  # the model runs on the GPU: torch's default is fine for the rest
+        return
+    cores, processes = cpu_cores(), int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    n = default_cpu_threads(cores, processes)
+    torch.set_num_threads(n)
+    if n != cores and not _THREADS_SAID:
+        _THREADS_SAID = True
+        print(
+            f"mmgrpo: {n} CPU thread{'s' * (n > 1)} ({cores} cores; --threads N or OMP_NUM_THREADS=N to change)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mmgrpo",
         description="GRPO for vision-language and text models.",
         epilog="--debug (anywhere): show the traceback of an error instead of its one-line message",
     )
+    p.add_argument("--version", action="version", version=f"mmgrpo {version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
+    def with_threads(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--threads",
+            type=_positive,
+            default=None,
+            metavar="N",
+            help="torch CPU threads (default: OMP_NUM_THREADS, else half the cores, at most 4; see README)",
+        )
+
     def with_config(sp: argparse.ArgumentParser) -> None:
+        with_threads(sp)
         sp.add_argument("config", help="YAML config file")
         sp.add_argument(
             "--set",
@@ -486,6 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("sft", help="supervised fine-tuning on (messages -> response) rows (sft.data)")
     with_config(sp)
+    sp.add_argument(
+        "--overwrite", action="store_true", help="delete the run already in output_dir and train anew"
+    )
     sp.set_defaults(fn=cmd_sft)
 
     sp = sub.add_parser("eval", help="accuracy on held-out episodes; writes eval.json next to the model")
@@ -536,6 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a GPU; 1 trains in this process)",
     )
     sp.add_argument("--no-progress", action="store_true")
+    with_threads(sp)
     sp.set_defaults(fn=cmd_demo)
     return p
 
@@ -551,9 +758,14 @@ def _positive(text: str) -> int:
     return value
 
 
+class _Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with the line that says what was kept (``main`` prints it and exits 130)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. An input error prints one line (``mmgrpo: error: ...``) and exits 2; ``--debug``
-    (anywhere on the command line) or MMGRPO_DEBUG=1 shows its traceback instead."""
+    """Run one command. An input error prints one line (``mmgrpo: error: ...``) and exits 2; Ctrl-C outside
+    training's own handling prints one line (what was kept) and exits 130; ``--debug`` (anywhere on the
+    command line) or MMGRPO_DEBUG=1 shows the traceback instead."""
     import os
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -566,6 +778,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"mmgrpo: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        if debug:
+            raise
+        line = str(exc) if isinstance(exc, _Interrupted) else "mmgrpo: interrupted; nothing saved"
+        print(f"\n{line}", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

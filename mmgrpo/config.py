@@ -139,7 +139,8 @@ class EnvConfig(Section):
     """Keyword arguments for the environment factory (checked by the environment, not here)."""
     max_turns: int = 1
     """Most assistant turns per episode; 1 = single-turn question/answer. An episode still going after
-    max_turns turns (e.g. its last turn called a tool) ends as truncated."""
+    max_turns turns (e.g. its last turn called a tool) ends as truncated. A tool env needs >= 2 (a tool's
+    result is read in the next turn)."""
     max_episode_tokens: int | None = None
     """Token budget of an episode's response (policy turns and the environment's turns between them); an
     episode that would exceed it ends as truncated. None = only the model's positions limit it."""
@@ -147,8 +148,26 @@ class EnvConfig(Section):
     def _validate(self) -> None:
         self._require(bool(self.name), "name", "must name a registered environment")
         self._require(self.max_turns >= 1, "max_turns", "must be >= 1")
+        if self.max_turns < 2 and (problem := _tool_env_turns_problem(self.name, self.max_turns)):
+            raise FieldError("max_turns", problem)
         if self.max_episode_tokens is not None:
             self._require(self.max_episode_tokens >= 1, "max_episode_tokens", "must be >= 1 (or null)")
+
+
+def _tool_env_turns_problem(name: str, max_turns: int) -> str | None:
+    """Why ``max_turns`` cannot work for the env registered as ``name``, when it is a ToolEnv class (whose calls
+    are answered in a next turn); None otherwise. An unknown or broken name is left to make_env to report."""
+    try:
+        from mmgrpo.registry import ENVS
+
+        factory = ENVS.get(name)
+    except Exception:
+        return None
+    from mmgrpo.envs.tool_env import ToolEnv, max_turns_problem
+
+    if isinstance(factory, type) and issubclass(factory, ToolEnv):
+        return max_turns_problem(max_turns, f"'{name}'")
+    return None
 
 
 @dataclass(frozen=True)
@@ -582,7 +601,11 @@ class Config(Section):
     }
 
     def _validate(self) -> None:
-        self._require(self.seed >= 0, "seed", "must be >= 0")
+        self._require(
+            0 <= self.seed < 2**31,
+            "seed",
+            "must be between 0 and 2**31 - 1 (numpy takes seeds below 2**32; each process adds its rank)",
+        )
         self._require(bool(self.output_dir), "output_dir", "must be a directory path")
         names = [v.name for v in self.verifiers]
         dup = next((n for n in names if names.count(n) > 1), None)

@@ -21,8 +21,10 @@ Everything is drawn at twice the size and scaled down, which smooths the lines. 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -319,10 +321,7 @@ def plot_metrics(
         _draw_panel(draw, (x0, y0, x0 + panel_w, y0 + PANEL_H * s), title, points, xr, colour, sparse)
     image = image.resize((width, height), Image.Resampling.LANCZOS)
 
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    image.save(out)
-    return out
+    return save_image(image, out_path)
 
 
 # --------------------------------------------------------------------------------------- sample grid
@@ -393,7 +392,21 @@ def sample_grid(
         text = _truncate(caption, font, tile_w)
         draw.text((x0, y0 + tile_h + 3), text, fill=colour, font=font)
 
+    return save_image(sheet, out_path)
+
+
+def save_image(image: Image.Image, out_path: str | Path) -> Path:
+    """Save ``image`` (format from the suffix) whole or not at all: written beside ``out_path`` under a
+    hidden name and renamed over it, so a failed write (a full disk) keeps the picture that was there.
+    Raises OSError when the folder cannot be written."""
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    sheet.save(out)
+    partial = out.with_name(f".{out.stem}.partial{out.suffix}")
+    try:
+        image.save(partial)
+        os.replace(partial, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
     return out

@@ -18,9 +18,12 @@ Run: ``mmgrpo tiny-model runs/tiny-model`` (deterministic for a given ``--seed``
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mmgrpo.model_io import share_file_modes
 from mmgrpo.tool_prompt import TOOLS_POSTAMBLE, TOOLS_PREAMBLE  # Qwen2.5's tools block
 
 # Special tokens of the Qwen2.5-VL vocabulary, in the order Qwen assigns them after the BPE merges.
@@ -272,8 +275,6 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     spec = spec or TinyModelSpec()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.vocab_size)
     processor = build_processor(tokenizer, spec)
     config = build_config(tokenizer, spec)
@@ -284,9 +285,50 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     model.generation_config.bos_token_id = config.text_config.bos_token_id
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    (out / "mmgrpo_tiny.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+        (folder / "mmgrpo_tiny.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+
+    return save_whole(out_dir, write)
+
+
+def save_whole(out_dir: str | Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write(folder)`` on ``<out_dir>.partial`` and put the result in place only when it is complete:
+    a failure (a full disk, a read-only folder, Ctrl-C) removes the partial folder and leaves ``out_dir`` as
+    it was, so there is never a folder with a config and no weights. A missing or empty ``out_dir`` is
+    replaced by the partial folder in one rename; into a folder that holds other files the new files are
+    moved one by one (renames, which need no space). Weight files get the mode of the folder's other files.
+    Raises OSError (FileExistsError when ``out_dir`` is a file).
+    """
+    import errno
+    import shutil
+
+    from mmgrpo.run_lock import first_missing, remove_if_no_files
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(errno.EEXIST, "it is a file, not a folder", str(out))
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a process that was killed
+    created = first_missing(out.parent)
+    try:
+        partial.mkdir(parents=True)
+        write(partial)
+        share_file_modes(partial)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        if out.exists():
+            for f in sorted(partial.iterdir()):
+                os.replace(f, out / f.name)
+            partial.rmdir()
+        else:
+            os.replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        remove_if_no_files(created)
+        raise
     return out
 
 

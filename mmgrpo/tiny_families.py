@@ -48,7 +48,7 @@ from pathlib import Path
 
 from mmgrpo.tiny import CHAT_TEMPLATE as QWEN_CHAT_TEMPLATE
 from mmgrpo.tiny import SPECIAL_TOKENS as QWEN_SPECIAL_TOKENS
-from mmgrpo.tiny import TinyModelSpec, build_config, build_processor, build_tokenizer
+from mmgrpo.tiny import TinyModelSpec, build_config, build_processor, build_tokenizer, save_whole
 
 FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava", "idefics3", "gemma3", "qwen3", "llama")
 VISION_FAMILIES = FAMILIES[:6]
@@ -569,16 +569,18 @@ def build_tiny_family(family: str, out_dir: str | Path, seed: int = 0) -> Path:
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config, processor, eos_ids = _BUILDERS[family]()
     cls = _model_class(config)
     with torch.random.fork_rng(devices=[]):  # do not disturb the caller's random state
         torch.manual_seed(seed)
         model = cls(config)
-    model.save_pretrained(out)
     text = config.get_text_config()
-    _write_generation_config(out, eos_ids, text.pad_token_id, getattr(text, "bos_token_id", None))
-    processor.save_pretrained(out)
-    (out / "mmgrpo_tiny.json").write_text(json.dumps({"family": family, "seed": seed}, indent=2) + "\n")
-    return out
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        _write_generation_config(folder, eos_ids, text.pad_token_id, getattr(text, "bos_token_id", None))
+        processor.save_pretrained(folder)
+        spec = {"family": family, "seed": seed}
+        (folder / "mmgrpo_tiny.json").write_text(json.dumps(spec, indent=2) + "\n")
+
+    return save_whole(out_dir, write)  # in OUT.partial, renamed when complete

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmgrpo.tiny import TinyModelSpec, build_tokenizer, language_config_kwargs
+from mmgrpo.tiny import TinyModelSpec, build_tokenizer, language_config_kwargs, save_whole
 
 
 def build_text_config(tokenizer, spec: TinyModelSpec):
@@ -33,8 +33,6 @@ def build_tiny_text_model(out_dir: str | Path, seed: int = 0) -> Path:
     from transformers import Qwen2ForCausalLM
 
     spec = TinyModelSpec(seed=seed)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.vocab_size)
     config = build_text_config(tokenizer, spec)
     with torch.random.fork_rng(devices=[]):  # do not disturb the caller's random state
@@ -42,6 +40,9 @@ def build_tiny_text_model(out_dir: str | Path, seed: int = 0) -> Path:
         model = Qwen2ForCausalLM(config)
     for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
         setattr(model.generation_config, name, getattr(config, name))
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    return save_whole(out_dir, write)  # in OUT.partial, renamed when complete

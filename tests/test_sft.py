@@ -197,8 +197,10 @@ def test_micro_batches_take_the_same_step(tiny_model_dir, tmp_path):
     assert max((a[k] - base[k]).abs().max().item() for k in a) > 5e-3  # Adam's first step moves by ~lr
     vision = [k for k in a if k.startswith("visual.")]
     assert vision and all(torch.equal(a[k], base[k]) for k in vision)  # sft.train_vision is off
-    # the same update up to float summation order (measured: 26 of 955,584 weights differ, by <= 3e-5)
-    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+    # the same update up to float summation order. Adam's first step is lr * g / (|g| + eps): on a weight
+    # whose gradient is near eps (1e-8) the order's noise moves it by a visible part of lr (measured: <= 3e-5
+    # with torch's default threads, 1.5e-4 with one thread), so the bound is 5% of lr = 1e-2
+    assert all(torch.allclose(a[k], b[k], atol=5e-4) for k in a)
 
 
 def test_lora_sft_trains_only_adapters_and_reloads(tiny_model_dir, tmp_path):

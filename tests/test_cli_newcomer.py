@@ -1,0 +1,330 @@
+"""What a newcomer meets on the command line (issue 17, items 2, 4, 5, 10): one writer per run, Ctrl-C,
+CPU threads, full or read-only disks, wrong paths, a seed out of range, ``--version``, readable weights.
+
+The hostile cases run ``python -m mmgrpo`` as a user does; faults that cannot be made for real (a full
+disk, a read-only filesystem, as root) are injected in-process through ``mmgrpo.cli.main``.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mmgrpo.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+COUNTING = str(ROOT / "examples" / "counting_tiny.yaml")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def mmgrpo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mmgrpo", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+    )
+
+
+def popen(*args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "mmgrpo", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """mmgrpo's own lines (transformers' progress bars also write to stderr)."""
+    return [line for line in stderr.splitlines() if line.startswith("mmgrpo")]
+
+
+# ------------------------------------------------------------------------------ item 2: one writer per run
+def test_two_trains_started_at_once_into_one_folder_one_stops_naming_the_other(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    args = ["train", COUNTING, "--set", f"model.path={tiny_model_dir}", "--set", f"output_dir={out}"]
+    args += ["--set", "warm_start.steps=0", "--set", "grpo.steps=1000", "--no-progress"]
+    a, b = popen(*args), popen(*args)
+    try:
+        deadline = time.monotonic() + 90
+        while a.poll() is None and b.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        done = [p for p in (a, b) if p.poll() is not None]
+        assert done, "both runs are training into one folder"
+        loser = done[0]
+        winner = b if loser is a else a
+        err = loser.stderr.read()
+        assert loser.returncode == 2 and "Traceback" not in err, err[-2000:]
+        (line,) = error_lines(err)
+        assert f"output_dir '{out}' is in use by `mmgrpo train` (pid {winner.pid} on " in line
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()  # SIGKILL: the winner leaves its lock file behind, held by no one
+            p.wait(timeout=30)
+            p.stdout.close()
+            p.stderr.close()
+    # the next command takes the dead run's lock over, says so, and goes on to its own checks
+    res = mmgrpo(*args, "--resume")
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = error_lines(res.stderr)
+    assert f"took over the lock of '{out}' left by pid {winner.pid}" in lines[0]
+    assert "holds no complete checkpoint-N" in lines[1] and len(lines) == 2
+    assert not (out / ".mmgrpo.lock").exists()
+
+
+def test_the_lock_belongs_to_the_launch_main_process_and_is_released(tmp_path, monkeypatch):
+    from mmgrpo.run_lock import LOCK_NAME, RunLock, RunLockedError
+
+    out = tmp_path / "run"
+    monkeypatch.setenv("RANK", "1")  # a non-main process of `accelerate launch`: its rank 0 holds the lock
+    with RunLock(out, "mmgrpo train"):
+        assert not (out / LOCK_NAME).exists()
+    monkeypatch.setenv("RANK", "0")
+    with RunLock(out, "mmgrpo train"):
+        holder = json.loads((out / LOCK_NAME).read_text())
+        assert holder["pid"] == os.getpid() and holder["command"] == "mmgrpo train"
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):  # a second holder, even here
+            RunLock(out, "mmgrpo sft").acquire()
+    assert not out.exists()  # created by the lock, left without a file: removed
+
+
+def test_sft_refuses_a_folder_that_holds_a_run_unless_overwrite(tmp_path):
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "config.json").write_text('{"earlier": true}')
+    config = str(ROOT / "examples" / "sft_counting_tiny.yaml")
+    res = mmgrpo("sft", config, "--set", f"output_dir={out}", "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    (line,) = error_lines(res.stderr)
+    assert f"output_dir '{out}' already holds a run (final)" in line and "--overwrite" in line
+    assert "--resume" not in line  # sft has no --resume
+    assert (out / "final" / "config.json").read_text() == '{"earlier": true}'
+
+
+def test_sft_overwrite_replaces_the_run_and_its_weights_are_readable_by_all(tiny_model_dir, tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "make_counting_sft", ROOT / "examples" / "make_counting_sft.py"
+    )
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    (data,) = maker.make_counting_sft(tmp_path / "data", n=4)
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "config.json").write_text('{"earlier": true}')
+    sets = [f"model.path={tiny_model_dir}", f"sft.data={data}", "sft.eval_data=''", f"output_dir={out}"]
+    sets += ["sft.steps=1", "sft.batch_size=2"]
+    argv = ["sft", str(ROOT / "examples" / "sft_counting_tiny.yaml"), "--overwrite", "--no-progress"]
+    assert main([*argv, *(x for s in sets for x in ("--set", s))]) == 0
+    final = out / "final"
+    assert "earlier" not in (final / "config.json").read_text()
+    # safetensors >= 0.8 writes 0600 through a temporary file; the weights get the mode config.json got
+    assert (final / "model.safetensors").stat().st_mode & 0o777 == (
+        final / "config.json"
+    ).stat().st_mode & 0o777
+
+
+# -------------------------------------------------------------------- item 5: threads and Ctrl-C
+def test_the_default_cpu_threads_leave_half_the_cores():
+    from mmgrpo.cli import default_cpu_threads
+
+    # a busy 2-core machine: one thread (two made a GRPO step 2-13x slower than one)
+    assert [default_cpu_threads(c) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4, 4]
+    assert default_cpu_threads(16, processes=4) == 2 and default_cpu_threads(2, processes=2) == 1
+
+
+def test_cpu_threads_come_from_the_flag_then_omp_num_threads_then_the_default(monkeypatch, capsys):
+    import torch
+
+    import mmgrpo.cli as cli
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cli, "cpu_cores", lambda: 8)
+    monkeypatch.setattr(cli, "_THREADS_SAID", False)
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        cli.set_cpu_threads(None)  # the user's OMP_NUM_THREADS: torch has read it; nothing to do or say
+        assert torch.get_num_threads() == before and capsys.readouterr().err == ""
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        cli.set_cpu_threads(None)
+        assert torch.get_num_threads() == 4
+        assert capsys.readouterr().err == (
+            "mmgrpo: 4 CPU threads (8 cores; --threads N or OMP_NUM_THREADS=N to change)\n"
+        )
+        cli.set_cpu_threads(None)  # said once
+        assert capsys.readouterr().err == ""
+        cli.set_cpu_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    args = cli.build_parser().parse_args(["train", COUNTING, "--threads", "2"])
+    assert args.threads == 2
+
+
+def test_ctrl_c_in_the_demo_is_one_line_exit_130_and_keeps_the_built_model(tmp_path):
+    out = tmp_path / "demo"
+    demo = popen("demo", "--out", str(out), "--no-progress", "--processes", "1")
+    try:
+        first = demo.stdout.readline()  # "demo: built the tiny Qwen2.5-VL in ...": now it loads and evaluates
+        assert first.startswith("demo: built the tiny"), first + demo.stderr.read()[-2000:]
+        time.sleep(1.0)
+        demo.send_signal(signal.SIGINT)
+        _, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    assert demo.returncode == 130 and "Traceback" not in err, err[-3000:]
+    (line,) = error_lines(err)
+    assert line == (
+        f"mmgrpo: demo interrupted; the run is not saved; kept the tiny model in {out / 'tiny-model'} "
+        "(a new demo reuses it)"
+    )
+    assert (out / "tiny-model" / "model.safetensors").is_file() and not (out / ".mmgrpo.lock").exists()
+
+
+def test_ctrl_c_while_the_model_loads_is_one_line_exit_130(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import mmgrpo.trainer
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mmgrpo.trainer, "load_policy", interrupted)
+    out = tmp_path / "new" / "run"
+    sets = ["--set", f"model.path={tiny_model_dir}", "--set", f"output_dir={out}"]
+
+    def run(*argv: str) -> int:
+        try:
+            return main(list(argv))
+        except KeyboardInterrupt:  # caught here, or pytest would stop the whole session
+            pytest.fail("Ctrl-C escaped mmgrpo.cli.main as a traceback")
+
+    assert run("train", COUNTING, *sets, "--no-progress") == 130
+    assert capsys.readouterr().err == "\nmmgrpo: interrupted; nothing saved\n"
+    assert not (tmp_path / "new").exists()  # the folders the run created for itself are gone
+    assert run("eval", COUNTING, "--model", str(tiny_model_dir), *sets, "--no-progress") == 130
+    assert capsys.readouterr().err == "\nmmgrpo: interrupted; nothing saved\n"
+
+
+# ------------------------------------------------------------- item 4: tiny-model on a full disk
+def test_tiny_model_on_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, monkeypatch, capsys):
+    import transformers.modeling_utils
+
+    def full(tensors, filename, metadata=None):  # config.json is written by then, as on a real disk
+        Path(filename).write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    new = tmp_path / "new"
+    assert main(["tiny-model", str(new)]) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line == (
+        f"mmgrpo: error: cannot write the tiny model to '{new}': No space left on device; free some space or "
+        "choose a folder on another disk. Nothing was left half-written."
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no new/, no new.partial/
+    earlier = tmp_path / "earlier"  # a folder that already holds a model keeps it
+    earlier.mkdir()
+    (earlier / "config.json").write_text("{}")
+    assert main(["tiny-model", str(earlier), "--text-only"]) == 2
+    assert [p.name for p in earlier.iterdir()] == ["config.json"] and (
+        earlier / "config.json"
+    ).read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier"]
+
+
+# ------------------------------------------------------------------------- item 10: still tracebacks
+def test_tiny_model_into_a_file_is_one_line(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    res = mmgrpo("tiny-model", str(path))
+    assert res.returncode == 2 and res.stderr == (
+        f"mmgrpo: error: '{path}' is a file, not a folder: give a new folder path for the tiny model\n"
+    )
+    assert path.read_text() == "mine"
+
+
+def test_tiny_model_into_a_read_only_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    read_only = tmp_path / "ro"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):  # root ignores permissions: a read-only filesystem is simulated
+        if read_only in (self, *self.parents):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert main(["tiny-model", str(read_only / "model")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"mmgrpo: error: cannot write the tiny model to '{read_only / 'model'}': Read-only file system; choose "
+        "a folder you can write to. Nothing was left half-written."
+    )
+
+
+def _a_run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "reward": 0.1 * s, "loss": 1.0 / s} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_plot_out_where_nothing_can_be_written_is_one_line(tmp_path):
+    res = mmgrpo("plot", str(_a_run(tmp_path)), "--out", "/sys/curves.png")  # refused even to root
+    assert res.returncode == 2 and res.stderr == (
+        "mmgrpo: error: cannot write the learning curves to '/sys/curves.png': Permission denied; choose a "
+        "folder you can write to. Nothing was left half-written.\n"
+    )
+
+
+def test_plot_on_a_full_disk_keeps_the_earlier_picture(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    run = _a_run(tmp_path)
+    (run / "curves.png").write_bytes(b"earlier")
+
+    def full(self, fp, *args, **kwargs):
+        Path(fp).write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Image.Image, "save", full)
+    assert main(["plot", str(run)]) == 2
+    assert "cannot write the learning curves" in capsys.readouterr().err
+    assert (run / "curves.png").read_bytes() == b"earlier"
+    assert sorted(p.name for p in run.iterdir()) == ["curves.png", "metrics.jsonl"]
+
+
+def test_a_run_that_fails_before_writing_leaves_no_output_dir(tmp_path):
+    out = tmp_path / "runs" / "first"
+    res = mmgrpo(
+        "train", COUNTING, "--set", f"model.path={tmp_path / 'no-model'}", "--set", f"output_dir={out}"
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_seed_out_of_range_is_one_line_naming_the_key(tmp_path):
+    res = mmgrpo(
+        "train", COUNTING, "--set", "seed=100000000000000000000", "--set", f"output_dir={tmp_path / 'r'}"
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    (line,) = error_lines(res.stderr)
+    assert line.startswith("mmgrpo: error: --set seed=100000000000000000000: 'seed' must be ")
+    assert not (tmp_path / "r").exists()
+
+
+def test_version():
+    from importlib.metadata import version
+
+    res = mmgrpo("--version")
+    assert res.returncode == 0 and res.stdout == f"mmgrpo {version('mmgrpo')}\n"
+
+
+def test_tiny_model_weights_are_readable_like_its_other_files(tiny_model_dir):
+    mode = (tiny_model_dir / "config.json").stat().st_mode & 0o777
+    assert (tiny_model_dir / "model.safetensors").stat().st_mode & 0o777 == mode
