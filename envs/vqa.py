@@ -402,6 +402,10 @@ class QADatasetEnv(SingleTurnEnv):
         return model_image_size(size, self.image_factor, self.min_pixels, self.max_pixels)
 
     # ----------------------------------------------------------------------------------- tasks
+    def num_tasks(self, split: str) -> int | None:
+        """The rows of ``split``: seed s plays row s mod that count."""
+        return len(self.rows[split])
+
     def make_task(self, seed: int, split: str) -> Task:
         rows = self.rows[split]
         if not rows:

@@ -218,6 +218,11 @@ class ChatEnv(gymnasium.Env):
     observation_space = MessagesSpace()
     action_space = AssistantText()
 
+    def num_tasks(self, split: str) -> int | None:
+        """How many distinct tasks ``split`` holds (a dataset's rows: seeds beyond repeat them), or None
+        when every seed is a new task (procedural envs). Evaluation never reports more episodes than this."""
+        return None
+
 
 @dataclass
 class Task:

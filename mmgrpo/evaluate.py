@@ -59,6 +59,8 @@ def evaluate(
     ``seed_offset .. seed_offset + episodes - 1``, or the given ``seeds`` (one process's share of them)."""
     from tqdm.auto import tqdm
 
+    if seeds is None:
+        episodes = distinct_episodes(make_env, episodes, warn=True)
     all_seeds = list(seeds) if seeds is not None else list(range(seed_offset, seed_offset + episodes))
     episodes = len(all_seeds)
     if episodes == 0:
@@ -110,6 +112,27 @@ def evaluate(
     )
 
 
+def distinct_episodes(make_env: Callable[[], ChatEnv], episodes: int, *, warn: bool = False) -> int:
+    """``episodes``, or fewer when the env's eval split holds fewer distinct tasks (a dataset's held-out
+    rows): n consecutive seeds play n distinct tasks, more would repeat them and report an n the tasks do
+    not support. ``warn`` prints one line when it cuts."""
+    import sys
+
+    num_tasks = getattr(make_env(), "num_tasks", None)  # envs not derived from ChatEnv may lack it
+    distinct = num_tasks("eval") if num_tasks is not None else None
+    if distinct is None or episodes <= distinct:
+        return episodes
+    if warn:
+        print(
+            f"mmgrpo: eval: the eval split holds {distinct} distinct tasks; evaluating {distinct} episodes, not "
+            f"{episodes} (more would repeat them). Hold out more rows (eval_fraction, eval_path) for a finer "
+            "accuracy.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return distinct
+
+
 TRANSCRIPTS = 8
 """How many whole held-out conversations a multi-turn evaluation keeps (and ``mmgrpo eval`` saves)."""
 
@@ -155,9 +178,15 @@ def write_eval(result: EvalResult, model_dir: str | Path) -> Path:
 
 def write_transcripts(result: EvalResult, out_dir: str | Path) -> Path | None:
     """Save the kept conversations as ``transcripts/episode-K.md`` (text) with their images as PNG files
-    beside them; returns the folder, or None when there is nothing to save."""
+    beside them; returns the folder, or None when there is nothing to save. An empty or whitespace-only
+    message shows as ``(empty reply)`` / ``(whitespace only: '\\n\\n')``, not as blank lines."""
     if not result.transcripts:
         return None
+
+    def blank(text: str, role: str) -> str:  # a message with no image and no visible text
+        empty = "(empty reply)" if role == "assistant" else "(empty message)"
+        return empty if not text else f"(whitespace only: {text!r})"
+
     folder = Path(out_dir) / "transcripts"
     folder.mkdir(parents=True, exist_ok=True)
     for k, messages in enumerate(result.transcripts):
@@ -167,13 +196,15 @@ def write_transcripts(result: EvalResult, out_dir: str | Path) -> Path | None:
             content = (
                 m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
             )
+            if not any(part.get("type") == "image" or part.get("text", "").strip() for part in content):
+                lines.append(blank("".join(part.get("text", "") for part in content), m["role"]))
             for j, part in enumerate(content):
                 if part.get("type") == "image":
                     name = f"episode-{k}-{len(lines)}-{j}.png"
                     part["image"].save(folder / name)
                     lines.append(f"![image]({name})")
-                else:
-                    lines.append(part.get("text", ""))
+                elif part.get("text", "").strip():
+                    lines.append(part["text"])
             lines.append("")
         (folder / f"episode-{k}.md").write_text("\n".join(lines))
     return folder
