@@ -388,7 +388,8 @@ class WarmStartConfig(Section):
     """Largest random answer."""
     source: Literal["format", "env"] = "format"
     """What to imitate: "format" = ``target`` with random numbers (single-turn); "env" = the environment's
-    own demonstrations (multi-turn tool envs: ``ToolEnv.demonstration``, which say what they teach)."""
+    own demonstrations (multi-turn tool envs: ``ToolEnv.demonstration``, which say what they teach; gym
+    envs: ``GymChatEnv.demonstration``, a demonstration policy playing the wrapped game)."""
     train_vision: bool = False
     """Also train the vision encoder. Off by default: format-only targets carry no visual signal, and
     training the encoder on them collapses its features (measured on the tiny model)."""

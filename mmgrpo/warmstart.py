@@ -98,8 +98,9 @@ def warm_start(
     env = make_env()
     if source == "env" and getattr(env, "demonstration", None) is None:
         raise ConfigError(
-            f"warm_start.source: env needs an environment with demonstrations (a ToolEnv subclass that "
-            f"implements demonstration(info, rng)); {type(env).__name__} has none. Use source: format."
+            f"warm_start.source: env needs an environment with demonstrations (demonstration(info, rng): a "
+            f"ToolEnv subclass that implements it, or the gym env with demo_policy); {type(env).__name__} has "
+            "none. Use source: format."
         )
     probe = getattr(env, "skill_probe", None) if source == "env" else None
     if drill_steps > 0 and (probe is None or probe(reset_group([env], 10_000_000, "train")[1]) is None):
