@@ -127,8 +127,8 @@ def _train(args: argparse.Namespace, cfg, out: Path) -> int:
             )
     else:
         _claim_output_dir(out, overwrite=args.overwrite)
-    set_cpu_threads(args.threads)
     trainer = Trainer(cfg, progress=not args.no_progress)
+    set_cpu_threads(args.threads)  # after every check of the input: a bad config is one line, alone
     stopper = _SignalStop(trainer)
     try:
         with stopper:
