@@ -307,8 +307,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     make_env, rewards, metric = build_env_factory(cfg), build_rewards(cfg), eval_metric(cfg)
-    set_cpu_threads(args.threads)
     policy = load_policy(cfg, args.model)
+    set_cpu_threads(args.threads)  # after the input checks (the model folder too): a bad input is one line
     result = evaluate_config(
         cfg.eval, cfg.env, policy, make_env, rewards, metric, episodes=args.n, progress=not args.no_progress
     )
@@ -388,8 +388,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     g = cfg.grpo
     make_env, rewards = build_env_factory(cfg), build_rewards(cfg)
-    set_cpu_threads(args.threads)
     policy = load_policy(cfg, args.model)
+    set_cpu_threads(args.threads)  # after the input checks (the model folder too): a bad input is one line
     envs = [make_env() for _ in range(g.episodes_per_step)]
     totals, zero, formats = [], [], []
     for step in range(args.steps):

@@ -33,8 +33,18 @@ def mmgrpo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def popen(*args: str) -> subprocess.Popen:
+    """``mmgrpo ARGS`` as a user starts it from a terminal: with Ctrl-C's default disposition (a test run
+    started in the background by a shell inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt)."""
     cmd = [sys.executable, "-m", "mmgrpo", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def error_lines(stderr: str) -> list[str]:
