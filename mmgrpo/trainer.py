@@ -301,6 +301,8 @@ class Trainer:
         self.task_cursor = 0  # the next task seed of the stream (B per step; more with dynamic sampling)
         self._last_give_up = -(10**9)
         self.stop_requested = False  # set by a signal handler; the loop saves a checkpoint and stops
+        self._saved_step: int | None = None  # the step this trainer last wrote a checkpoint of
+        self._eval_cut_said = False  # whether the eval split's size cut eval_episodes was said
 
     # ------------------------------------------------------------------------------------------ logging
     def log(self, record: dict[str, Any]) -> None:
@@ -749,7 +751,7 @@ class Trainer:
         Written once per step by this trainer (a stop right after a periodic save does not write it again);
         a checkpoint-{step} left by an earlier process (a resume from an older checkpoint) is replaced."""
         path = self.out / f"checkpoint-{self.step}"
-        if getattr(self, "_saved_step", None) == self.step and path.is_dir():
+        if self._saved_step == self.step and path.is_dir():
             return path
         save_checkpoint(self, path, keep_last=self.cfg.grpo.keep_checkpoints)
         self._saved_step = self.step
@@ -823,9 +825,11 @@ class Trainer:
         from mmgrpo.evaluate import distinct_episodes
 
         e = self.cfg.eval
-        first = not getattr(self, "_eval_sized", False)  # say it once if the split is smaller
-        episodes = distinct_episodes(self.make_env, episodes, warn=first and self.is_main)
-        self._eval_sized = True
+        # the envs this trainer already holds know their split's size: no env is built per evaluation
+        episodes = distinct_episodes(
+            lambda: self.envs[0], episodes, warn=self.is_main and not self._eval_cut_said
+        )
+        self._eval_cut_said = True  # said once
         seeds = shard(list(range(e.seed_offset, e.seed_offset + episodes)), self.rank, self.world)
         correct = 0
         if seeds:
