@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from mmgrpo.config import load_config
-from mmgrpo.sft import supervised_batch
-from mmgrpo.trainer import build_env_factory, load_policy
+from mmgrpo.config.core import load_config
+from mmgrpo.train.sft import supervised_batch
+from mmgrpo.train.trainer import build_env_factory, load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -40,8 +40,8 @@ def child(model_dir: str, variant: str, steps: int, out_dir: str) -> None:
 
     import torch
 
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     torch.set_num_threads(1)
     sets = [
@@ -83,7 +83,7 @@ def main() -> None:
         child(args.child[0], args.child[1], args.steps, args.child[2])
         return
 
-    from mmgrpo.tiny import TinyModelSpec, build_tiny_model
+    from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", TinyModelSpec(**SIZES[args.size]))

@@ -18,9 +18,9 @@ import time
 import torch
 
 from mmgrpo.envs.counting import CountingEnv
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
-from mmgrpo.tiny import build_tiny_model
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import rollout
+from mmgrpo.tiny.vlm import build_tiny_model
 
 
 def step(policy: Policy, tokens, share: bool) -> float:

@@ -26,11 +26,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 ROOT = Path(__file__).resolve().parents[1]
 
 PHASES = [
-    ("rollout (all of it)", "mmgrpo.trainer.Trainer.collect"),
-    ("  scenes: env resets", "mmgrpo.rollout.reset_group"),
-    ("  prompts: template + processor", "mmgrpo.policy.Policy.encode_prompts"),
-    ("  generation (prefill + decode)", "mmgrpo.engine.generate"),
-    ("update (all of it)", "mmgrpo.trainer.Trainer.update"),
+    ("rollout (all of it)", "mmgrpo.train.trainer.Trainer.collect"),
+    ("  scenes: env resets", "mmgrpo.rollout.episodes.reset_group"),
+    ("  prompts: template + processor", "mmgrpo.model.policy.Policy.encode_prompts"),
+    ("  generation (prefill + decode)", "mmgrpo.model.engine.generate"),
+    ("update (all of it)", "mmgrpo.train.trainer.Trainer.update"),
     ("  reference pass", "reference"),
     ("  policy forward", "policy_forward"),
     ("  backward", "backward"),
@@ -52,15 +52,15 @@ def _label(obj, name: str, label: str) -> None:
 
 def instrument(trainer) -> None:
     """Label the phases of a step (the code is unchanged; its functions are wrapped)."""
-    import mmgrpo.engine
-    import mmgrpo.rollout
-    import mmgrpo.trainer
+    import mmgrpo.model.engine
+    import mmgrpo.rollout.episodes
+    import mmgrpo.train.trainer
 
-    _label(mmgrpo.trainer.Trainer, "collect", "mmgrpo.trainer.Trainer.collect")
-    _label(mmgrpo.trainer.Trainer, "update", "mmgrpo.trainer.Trainer.update")
-    _label(mmgrpo.rollout, "reset_group", "mmgrpo.rollout.reset_group")
-    _label(mmgrpo.engine, "generate", "mmgrpo.engine.generate")
-    _label(type(trainer.policy), "encode_prompts", "mmgrpo.policy.Policy.encode_prompts")
+    _label(mmgrpo.train.trainer.Trainer, "collect", "mmgrpo.train.trainer.Trainer.collect")
+    _label(mmgrpo.train.trainer.Trainer, "update", "mmgrpo.train.trainer.Trainer.update")
+    _label(mmgrpo.rollout.episodes, "reset_group", "mmgrpo.rollout.episodes.reset_group")
+    _label(mmgrpo.model.engine, "generate", "mmgrpo.model.engine.generate")
+    _label(type(trainer.policy), "encode_prompts", "mmgrpo.model.policy.Policy.encode_prompts")
     policy = trainer.policy
     logprobs = policy.logprobs
 
@@ -103,9 +103,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from mmgrpo.config import load_config
-    from mmgrpo.tiny import build_tiny_model
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.tiny.vlm import build_tiny_model
+    from mmgrpo.train.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "tiny-model")

@@ -275,8 +275,8 @@ def mmgrpo_overrides(spec: Spec) -> list[str]:
 
 def make_mmgrpo_trainer(spec: Spec):
     """mmgrpo's real Trainer for ``spec`` (on ``spec.config`` when given, else mmgrpo's defaults)."""
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     return Trainer(load_config(spec.config, mmgrpo_overrides(spec)), progress=False)
 
@@ -335,7 +335,7 @@ def run_mmgrpo(spec: Spec) -> dict[str, Any]:
 def held_out_accuracy(trainer, episodes: int, seed_offset: int = 0) -> float:
     """``trainer.evaluate(episodes).accuracy`` on the eval-split seeds from ``seed_offset`` on (the same
     evaluator and settings; only the seeds move)."""
-    from mmgrpo.evaluate import evaluate_config
+    from mmgrpo.rollout.evaluation import evaluate_config
 
     eval_cfg = dataclasses.replace(trainer.cfg.eval, seed_offset=seed_offset)
     cfg = trainer.cfg
@@ -507,7 +507,7 @@ def load_trl_model(spec: Spec):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from mmgrpo.adapters import adapter_for
+    from mmgrpo.model.adapters import adapter_for
 
     model = AutoModelForImageTextToText.from_pretrained(spec.model_dir, dtype=torch.float32)
     if spec.freeze_vision:
@@ -524,7 +524,7 @@ def trl_optimizers(model, spec: Spec) -> tuple[Any, Any]:
         return None, None
     import torch
 
-    from mmgrpo.adapters import adapter_for
+    from mmgrpo.model.adapters import adapter_for
 
     adapter = adapter_for(model)
     lang, vis = [], []
@@ -591,7 +591,7 @@ def build_trl_trainer(
     """GRPOTrainer on the counting dataset, its vision towers hooked; returns (trainer, timer, dataset)."""
     from trl import GRPOTrainer
 
-    from mmgrpo.adapters import adapter_for
+    from mmgrpo.model.adapters import adapter_for
 
     dataset = counting_dataset(spec.steps * spec.tasks)
     model = load_trl_model(spec)
@@ -666,9 +666,9 @@ def learn_trl(spec: Spec) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- other workers
 def prepare_learn(spec: Spec) -> dict[str, Any]:
     """--learn: build the tiny model, run mmgrpo's warm start once and save it where both systems start."""
-    from mmgrpo.config import load_config
-    from mmgrpo.tiny import build_tiny_model
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.tiny.vlm import build_tiny_model
+    from mmgrpo.train.trainer import Trainer
 
     out = Path(spec.out_dir)
     tiny = build_tiny_model(out / "tiny-model")
@@ -686,8 +686,8 @@ def prepare_learn(spec: Spec) -> dict[str, Any]:
 def evaluate_models(spec: Spec, jobs: Sequence[dict[str, Any]]) -> list[float]:
     """mmgrpo's held-out accuracy (its evaluator, the recipe's eval settings: greedy) of each job's
     ``folder`` on ``episodes`` eval-split scenes from seed ``seed_offset`` on (0: ``Trainer.evaluate``)."""
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     scores = []
     for i, job in enumerate(jobs):
@@ -701,7 +701,7 @@ def build_model(spec: Spec) -> dict[str, Any]:
     """The embedded tiny Qwen2.5-VL, built into ``spec.model_dir``."""
     from transformers.utils import logging as hf_logging
 
-    from mmgrpo.tiny import build_tiny_model
+    from mmgrpo.tiny.vlm import build_tiny_model
 
     hf_logging.disable_progress_bar()
     return {"model_dir": str(build_tiny_model(spec.model_dir))}
@@ -710,13 +710,13 @@ def build_model(spec: Spec) -> dict[str, Any]:
 def import_rss(what: str) -> dict[str, Any]:
     """Peak RSS of a process that only imports one side's modules."""
     if what == "mmgrpo":
-        import mmgrpo.trainer  # noqa: F401
+        import mmgrpo.train.trainer  # noqa: F401
     elif what == "trl":
         from trl import GRPOConfig, GRPOTrainer  # noqa: F401
     else:  # what the TRL worker imports: TRL plus mmgrpo's env, verifiers and adapters
         from trl import GRPOConfig, GRPOTrainer  # noqa: F401
 
-        import mmgrpo.adapters  # noqa: F401
+        import mmgrpo.model.adapters  # noqa: F401
         import mmgrpo.envs.counting  # noqa: F401
         import mmgrpo.registry  # noqa: F401
     return memory()
@@ -903,7 +903,7 @@ def print_rss_breakdown(per_G: dict[int, Any], imports: dict[str, float]) -> Non
             )
     if imports:
         print(
-            f"(bare imports: `import mmgrpo.trainer` {imports['mmgrpo']:.0f} MB; `from trl import GRPOTrainer` "
+            f"(bare imports: `import mmgrpo.train.trainer` {imports['mmgrpo']:.0f} MB; `from trl import GRPOTrainer` "
             f"{imports['trl']:.0f} MB; with the mmgrpo env and verifiers the TRL side uses {imports['trl-side']:.0f} MB)"
         )
 
@@ -956,7 +956,7 @@ def print_scaling(args: argparse.Namespace, per_G: dict[int, Any]) -> None:
 # ---------------------------------------------------------------------------------------- --learn
 def recipe_spec(args: argparse.Namespace, model_dir: str, out_dir: Path, steps: int) -> Spec:
     """The counting recipe's GRPO settings, read from examples/counting_tiny.yaml."""
-    from mmgrpo.config import load_config
+    from mmgrpo.config.core import load_config
 
     cfg = load_config(RECIPE)
     g, m = cfg.grpo, cfg.model

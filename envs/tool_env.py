@@ -3,7 +3,7 @@
 An episode is ``reset`` (the prompt, and ``info["tools"]``: the tools' JSON schemas, which the rollout passes to
 the chat template as ``tools=``), then one ``step`` per assistant turn:
 
-- a turn with ``<tool_call>...</tool_call>`` blocks runs them (``mmgrpo.tools.ToolRunner``: concurrently, each
+- a turn with ``<tool_call>...</tool_call>`` blocks runs them (``mmgrpo.tools.runner.ToolRunner``: concurrently, each
   with its own timeout) and returns one ``tool`` message per call, ``terminated=False``;
 - a turn without any is the final answer: ``([], 0.0, True, False, info)``.
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from mmgrpo.env import ChatEnv, DemoTurn, Message, Task, check_step, start_task
 from mmgrpo.errors import ConfigError
-from mmgrpo.tools import Tool, ToolRunner, as_tool, count_failures, tool_message
+from mmgrpo.tools.runner import Tool, ToolRunner, as_tool, count_failures, tool_message
 
 MIN_TURNS = 2
 """The fewest turns in which a tool call can be answered: the call, then a turn that reads its result."""

@@ -42,7 +42,7 @@ from mmgrpo.env import DemoTurn, Shown, Task
 from mmgrpo.envs.text_math import OPS, arithmetic_task
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError, did_you_mean
-from mmgrpo.tools import ToolCall, parse_tool_calls, tool_call_text
+from mmgrpo.tools.runner import ToolCall, parse_tool_calls, tool_call_text
 
 DEFAULT_SYSTEM_PROMPT = (
     "Use a tool when you need it, then answer with the number only, inside <answer></answer>."

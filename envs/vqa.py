@@ -3,8 +3,8 @@
 Each row holds an image (``image``: one reference, or ``images``: several; ``video``: a video file or a list
 of frames), a ``question`` and an ``answer`` (text, a number, or a list of accepted answers), plus any other
 fields (``choices``, ``boxes``, ...), which are passed through into the task info for verifiers. Rows are read
-by ``mmgrpo.data.read_records`` (JSONL, JSON, parquet, a ``datasets`` folder or hub id) and every row is
-checked in ``__init__`` (``mmgrpo.data.check_records``): a bad dataset fails with one DataError listing every
+by ``mmgrpo.data.records.read_records`` (JSONL, JSON, parquet, a ``datasets`` folder or hub id) and every row is
+checked in ``__init__`` (``mmgrpo.data.records.check_records``): a bad dataset fails with one DataError listing every
 bad row before any model is loaded. A process reads and checks a dataset once per set of data settings; the
 many env copies the trainer builds share it.
 
@@ -23,7 +23,7 @@ sets, ``source``, ``image_size``, ``model_image_size``, ``seed``, ``split`` or `
 ``row_<name>``), ``source`` (the row's ``file:line`` or ``file:row N``), and for image rows ``image_size``
 (the image's original ``[width, height]``; a list of them, one per image, when the row's image field is a
 list or a video file) and ``model_image_size`` (likewise, the ``[width, height]`` the Qwen-VL
-processor resizes it to: ``mmgrpo.data.model_image_size``, the processor's own rule, with ``image_factor``
+processor resizes it to: ``mmgrpo.data.records.model_image_size``, the processor's own rule, with ``image_factor``
 (28) and the env's ``min_pixels``/``max_pixels``, Qwen2.5-VL's published defaults when None; set them to
 the model's ``model.min_pixels``/``model.max_pixels`` so that they match). Qwen2.5-VL answers boxes in the
 pixels of its resized input, so a grounding verifier scales a row's boxes (in original pixels) by
@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from mmgrpo.data import (
+from mmgrpo.data.records import (
     Record,
     check_records,
     is_video_ref,
@@ -398,7 +398,7 @@ class QADatasetEnv(SingleTurnEnv):
 
     def model_size(self, size: tuple[int, int]) -> tuple[int, int]:
         """The (width, height) the Qwen-VL processor resizes an image of ``size`` (width, height) to, with the
-        env's ``image_factor``, ``min_pixels`` and ``max_pixels`` (``mmgrpo.data.model_image_size``)."""
+        env's ``image_factor``, ``min_pixels`` and ``max_pixels`` (``mmgrpo.data.records.model_image_size``)."""
         return model_image_size(size, self.image_factor, self.min_pixels, self.max_pixels)
 
     # ----------------------------------------------------------------------------------- tasks

@@ -42,7 +42,7 @@ from mmgrpo.envs.counting import BACKGROUNDS, PALETTE, scene_seed
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError, did_you_mean
 from mmgrpo.toolbox.image import image_tools
-from mmgrpo.tools import (
+from mmgrpo.tools.runner import (
     Tool,
     tool_call_text,  # noqa: F401  (re-exported for tests and users)
 )

@@ -3,7 +3,7 @@
     python examples/make_counting_sft.py runs/counting-sft --n 200 [--eval-n 50]
 
 Writes OUT_DIR/train.jsonl (and OUT_DIR/eval.jsonl with --eval-n) and the PNG images under OUT_DIR/images/.
-Each row is in the question form of mmgrpo.sft:
+Each row is in the question form of mmgrpo.train.sft:
 
     {"system": "Count the objects ...", "question": "How many red circles are in the image?",
      "image": "images/train-000000.png", "response": "<answer>3</answer>", "answer": "3"}

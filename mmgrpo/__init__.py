@@ -16,9 +16,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # config
-    "Config": "mmgrpo.config",
-    "load_config": "mmgrpo.config",
-    "save_config": "mmgrpo.config",
+    "Config": "mmgrpo.config.core",
+    "load_config": "mmgrpo.config.core",
+    "save_config": "mmgrpo.config.core",
     # environments
     "ChatEnv": "mmgrpo.env",
     "SingleTurnEnv": "mmgrpo.env",
@@ -38,15 +38,15 @@ _EXPORTS = {
     "make_verifier": "mmgrpo.registry",
     "list_verifiers": "mmgrpo.registry",
     # math
-    "group_advantages": "mmgrpo.advantages",
-    "grpo_loss": "mmgrpo.losses",
+    "group_advantages": "mmgrpo.grpo.advantages",
+    "grpo_loss": "mmgrpo.grpo.losses",
     # model, rollout, training
-    "Policy": "mmgrpo.policy",
-    "rollout": "mmgrpo.rollout",
-    "Trajectory": "mmgrpo.rollout",
-    "Trainer": "mmgrpo.trainer",
-    "evaluate": "mmgrpo.evaluate",
-    "build_tiny_model": "mmgrpo.tiny",
+    "Policy": "mmgrpo.model.policy",
+    "rollout": "mmgrpo.rollout.episodes",
+    "Trajectory": "mmgrpo.rollout.episodes",
+    "Trainer": "mmgrpo.train.trainer",
+    "evaluate": "mmgrpo.rollout.evaluation",
+    "build_tiny_model": "mmgrpo.tiny.vlm",
     # errors
     "MmgrpoError": "mmgrpo.errors",
     "ConfigError": "mmgrpo.errors",

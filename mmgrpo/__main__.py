@@ -2,6 +2,6 @@
 
 import sys
 
-from mmgrpo.cli import main
+from mmgrpo.cli.app import main
 
 sys.exit(main())

@@ -34,7 +34,7 @@ class DataError(MmgrpoError, ValueError):
 
 
 class FaultError(MmgrpoError):
-    """Too large a share of a step's tasks or episodes failed in the environment (see mmgrpo.faults).
+    """Too large a share of a step's tasks or episodes failed in the environment (see mmgrpo.train.faults).
 
     Single failures are data (left out or ended early, and counted); past ``faults.max_failure_frac`` the
     run stops, since it would otherwise train on what is left of a broken environment.

@@ -28,14 +28,14 @@ def demo_sets(request) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from mmgrpo.tiny import build_tiny_model
+    from mmgrpo.tiny.vlm import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_model_dir):
-    from mmgrpo.policy import Policy
+    from mmgrpo.model.policy import Policy
 
     return Policy.from_pretrained(tiny_model_dir)
 
@@ -71,7 +71,7 @@ def train_small(small_run):
     (GRPO step records, all records of metrics.jsonl)."""
     import json
 
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     def run(config: str, model_dir, out) -> tuple[list[dict], list[dict]]:
         sets = small_run(f"model.path={model_dir}", f"output_dir={out}")
@@ -86,8 +86,8 @@ def train_small(small_run):
 def warm_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny VLM after 40 steps of the counting demo's format warm start: its samples get rewards that
     differ within a group (about a third are in the answer format), so GRPO steps have real gradients."""
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     out = tmp_path_factory.mktemp("warm")
     sets = [

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from mmgrpo.adapters import unwrap
-from mmgrpo.config import load_config
-from mmgrpo.trainer import Trainer
+from mmgrpo.model.adapters import unwrap
+from mmgrpo.config.core import load_config
+from mmgrpo.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 

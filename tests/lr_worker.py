@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from mmgrpo.config import load_config
-from mmgrpo.trainer import Trainer
+from mmgrpo.config.core import load_config
+from mmgrpo.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ("constant", "linear", "cosine")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmgrpo.advantages import group_advantages, group_stats
+from mmgrpo.grpo.advantages import group_advantages, group_stats
 from mmgrpo.errors import DataError
 
 # worked numbers: (rewards, advantages with std(N-1), advantages with std(N)); None = elided in the table.

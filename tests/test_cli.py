@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.cli import main
-from mmgrpo.config import config_reference, load_config
+from mmgrpo.cli.app import main
+from mmgrpo.config.core import config_reference, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))  # mmgrpo configs (accelerate/ holds launch configs)
@@ -17,7 +17,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))  # mmgrpo configs (acceler
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_config_validates(path):
     cfg = load_config(path)
-    from mmgrpo.trainer import build_env_factory, build_rewards, eval_metric
+    from mmgrpo.train.trainer import build_env_factory, build_rewards, eval_metric
 
     build_env_factory(cfg)()  # env kwargs accepted by the env
     build_rewards(cfg)  # verifiers exist and accept their kwargs
@@ -175,7 +175,7 @@ def test_ctrl_c_finishes_the_step_saves_a_checkpoint_and_resume_completes_the_ru
     import os
     import signal
 
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.train.trainer import Trainer
 
     real = Trainer.train_step
 
@@ -211,7 +211,7 @@ def test_ctrl_c_in_the_warm_start_keeps_the_model_so_far(
     import os
     import signal
 
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.train.trainer import Trainer
 
     monkeypatch.setattr(Trainer, "warm_start", lambda self: os.kill(os.getpid(), signal.SIGINT))
     cfg = str(ROOT / "examples" / "counting_tiny.yaml")

@@ -2,7 +2,7 @@
 CPU threads, full or read-only disks, wrong paths, a seed out of range, ``--version``, readable weights.
 
 The hostile cases run ``python -m mmgrpo`` as a user does; faults that cannot be made for real (a full
-disk, a read-only filesystem, as root) are injected in-process through ``mmgrpo.cli.main``.
+disk, a read-only filesystem, as root) are injected in-process through ``mmgrpo.cli.app.main``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.cli import main
+from mmgrpo.cli.app import main
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTING = str(ROOT / "examples" / "counting_tiny.yaml")
@@ -87,7 +87,7 @@ def test_two_trains_started_at_once_into_one_folder_one_stops_naming_the_other(t
 
 
 def test_the_lock_belongs_to_the_launch_main_process_and_is_released(tmp_path, monkeypatch):
-    from mmgrpo.run_lock import LOCK_NAME, RunLock, RunLockedError
+    from mmgrpo.cli.run_lock import LOCK_NAME, RunLock, RunLockedError
 
     out = tmp_path / "run"
     monkeypatch.setenv("RANK", "1")  # a non-main process of `accelerate launch`: its rank 0 holds the lock
@@ -139,7 +139,7 @@ def test_sft_overwrite_replaces_the_run_and_its_weights_are_readable_by_all(tiny
 
 # -------------------------------------------------------------------- item 5: threads and Ctrl-C
 def test_the_default_cpu_threads_leave_half_the_cores():
-    from mmgrpo.cli import default_cpu_threads
+    from mmgrpo.cli.app import default_cpu_threads
 
     # a busy 2-core machine: one thread (two made a GRPO step 2-13x slower than one)
     assert [default_cpu_threads(c) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4, 4]
@@ -149,7 +149,7 @@ def test_the_default_cpu_threads_leave_half_the_cores():
 def test_cpu_threads_come_from_the_flag_then_omp_num_threads_then_the_default(monkeypatch, capsys):
     import torch
 
-    import mmgrpo.cli as cli
+    import mmgrpo.cli.app as cli
 
     before = torch.get_num_threads()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -198,12 +198,12 @@ def test_ctrl_c_in_the_demo_is_one_line_exit_130_and_keeps_the_built_model(tmp_p
 
 
 def test_ctrl_c_while_the_model_loads_is_one_line_exit_130(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    import mmgrpo.trainer
+    import mmgrpo.train.trainer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mmgrpo.trainer, "load_policy", interrupted)
+    monkeypatch.setattr(mmgrpo.train.trainer, "load_policy", interrupted)
     out = tmp_path / "new" / "run"
     sets = ["--set", f"model.path={tiny_model_dir}", "--set", f"output_dir={out}"]
 
@@ -211,7 +211,7 @@ def test_ctrl_c_while_the_model_loads_is_one_line_exit_130(tiny_model_dir, tmp_p
         try:
             return main(list(argv))
         except KeyboardInterrupt:  # caught here, or pytest would stop the whole session
-            pytest.fail("Ctrl-C escaped mmgrpo.cli.main as a traceback")
+            pytest.fail("Ctrl-C escaped mmgrpo.cli.app.main as a traceback")
 
     assert run("train", COUNTING, *sets, "--no-progress") == 130
     assert capsys.readouterr().err == "\nmmgrpo: interrupted; nothing saved\n"

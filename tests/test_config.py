@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import (
+from mmgrpo.config.core import (
     Config,
     GRPOConfig,
     VerifierConfig,
@@ -250,7 +250,7 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
 
 def test_import_is_light() -> None:
     code = (
-        "import sys, mmgrpo.config; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+        "import sys, mmgrpo.config.core; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_counting import objects, scene
 
-from mmgrpo.config import load_config
+from mmgrpo.config.core import load_config
 from mmgrpo.env import check_env
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.errors import ConfigError
@@ -44,7 +44,7 @@ def near_miss_sorts(target: tuple[str, str], distractors: list[dict]) -> set[str
 
 def test_example_config_loads_and_validates():
     cfg = load_config(CONFIG)
-    from mmgrpo.trainer import build_env_factory, build_rewards, eval_metric
+    from mmgrpo.train.trainer import build_env_factory, build_rewards, eval_metric
 
     env = build_env_factory(cfg)()  # the kwargs are accepted by the env
     build_rewards(cfg)
@@ -62,7 +62,7 @@ def test_example_config_loads_and_validates():
 
 
 def test_example_config_bad_override_is_a_config_error():
-    from mmgrpo.trainer import build_env_factory
+    from mmgrpo.train.trainer import build_env_factory
 
     cfg = load_config(CONFIG, ["env.kwargs.min_distractors=5"])
     with pytest.raises(ConfigError, match=r"min_distractors=5, distractors=4"):

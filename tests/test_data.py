@@ -1,4 +1,4 @@
-"""Dataset envs (vqa, text_qa) and mmgrpo.data: formats, image references, splits, and errors that list every
+"""Dataset envs (vqa, text_qa) and mmgrpo.data.records: formats, image references, splits, and errors that list every
 bad row with its file and line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from mmgrpo import data as data_module
-from mmgrpo.data import Record, check_records, model_image_size, open_image, read_records
+from mmgrpo.data.records import Record, check_records, model_image_size, open_image, read_records
 from mmgrpo.env import check_env, message_images, message_text
 from mmgrpo.envs import vqa as vqa_module
 from mmgrpo.envs.text_qa import TextQAEnv
@@ -409,7 +409,7 @@ def test_a_video_row_trains_through_the_tiny_qwen(tmp_path, tiny_policy):
     forward on them."""
     import torch
 
-    from mmgrpo.rollout import rollout
+    from mmgrpo.rollout.episodes import rollout
 
     for i in range(4):
         picture(tmp_path / f"f{i}.png", size=(56, 56))
@@ -429,7 +429,7 @@ def test_a_video_row_trains_through_the_tiny_qwen(tmp_path, tiny_policy):
 def test_mmgrpo_train_reports_every_bad_row_before_loading_any_model(tmp_path, capsys):
     """The trainer builds the env before the model: bad rows fail at once, all of them in one message,
     even though the model path does not exist either."""
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     picture(tmp_path / "imgs" / "ok.png")
     (tmp_path / "imgs" / "corrupt.png").write_bytes(b"\x89PNG garbage")

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from mmgrpo.cli import main
+from mmgrpo.cli.app import main
 
 
 def run_demo(task: str, tmp_path, capsys, demo_sets: list[str]) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.diagnostics import CHECKS, Diagnostics, Finding, History, repetition, verdict
+from mmgrpo.train.diagnostics import CHECKS, Diagnostics, Finding, History, repetition, verdict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "healthy_counting_metrics.jsonl"
 
@@ -474,7 +474,7 @@ def test_probe_says_cannot_learn_yet_on_the_fresh_model_and_can_learn_after_the_
 ):
     from pathlib import Path
 
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     cfg = str(Path(__file__).resolve().parent.parent / "examples" / "counting_tiny.yaml")
     sets = ["--set", "grpo.tasks_per_step=8", "--set", "grpo.group_size=8"]

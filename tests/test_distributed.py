@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgrpo.advantages import group_advantages
-from mmgrpo.batch import TokenBatch, VisionInputs
-from mmgrpo.config import load_config
-from mmgrpo.distributed import reduce_records, shard
+from mmgrpo.grpo.advantages import group_advantages
+from mmgrpo.model.batch import TokenBatch, VisionInputs
+from mmgrpo.config.core import load_config
+from mmgrpo.train.distributed import reduce_records, shard
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMES = ("rollout_time", "train_time", "step_time")
@@ -83,8 +83,8 @@ def _grpo_lines(path: Path) -> list[dict]:
 def _single_process_gradient(sets, tmp_path, r0, r1, G, stats_out: dict | None = None):
     """One process's gradient (no optimizer step) on the rows the two processes trained on; its loss
     statistics go to ``stats_out``."""
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     cfg = load_config(ROOT / "examples" / "counting_tiny.yaml", [*sets, f"output_dir={tmp_path / 'single'}"])
     single = Trainer(cfg, progress=False)
@@ -180,8 +180,8 @@ def test_two_processes_split_the_groups_and_match_one_process(warm_model_dir, tm
 
 
 def _single_process_eval(sets, model_dir) -> float:
-    from mmgrpo.evaluate import evaluate_config
-    from mmgrpo.trainer import build_env_factory, build_rewards, eval_metric, load_policy
+    from mmgrpo.rollout.evaluation import evaluate_config
+    from mmgrpo.train.trainer import build_env_factory, build_rewards, eval_metric, load_policy
 
     cfg = load_config(ROOT / "examples" / "counting_tiny.yaml", sets)
     policy = load_policy(cfg, model_path=str(model_dir))
@@ -201,9 +201,9 @@ def test_sharded_engines_are_refused_and_deepspeed_gets_one_micro_batch():
 
     from accelerate.utils import DistributedType
 
-    from mmgrpo.config import GRPOConfig
+    from mmgrpo.config.core import GRPOConfig
     from mmgrpo.errors import ConfigError
-    from mmgrpo.trainer import check_engine
+    from mmgrpo.train.trainer import check_engine
 
     g = GRPOConfig(tasks_per_step=4, group_size=8, micro_batch_size=16)
     fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace())
@@ -292,8 +292,8 @@ def test_multi_turn_counters_are_computed_over_every_process_s_episodes(monkeypa
 
     import accelerate.utils
 
-    from mmgrpo.rollout import Trajectory
-    from mmgrpo.trainer import all_episode_metrics, episode_counters
+    from mmgrpo.rollout.episodes import Trajectory
+    from mmgrpo.train.trainer import all_episode_metrics, episode_counters
 
     def episode(fail: dict, metrics: dict) -> Trajectory:
         return Trajectory(

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmgrpo.batch import TokenBatch, pad_right
-from mmgrpo.config import load_config
+from mmgrpo.model.batch import TokenBatch, pad_right
+from mmgrpo.config.core import load_config
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.envs.text_math import TextMathEnv
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
-from mmgrpo.tiny_families import FAMILIES, VISION_FAMILIES, build_tiny_family
-from mmgrpo.trainer import Trainer
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import rollout
+from mmgrpo.tiny.families import FAMILIES, VISION_FAMILIES, build_tiny_family
+from mmgrpo.train.trainer import Trainer
 
 ADAPTERS = {
     "qwen2-vl": "qwen-vl",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmgrpo.errors import ConfigError, FaultError, MmgrpoError, NonFiniteError
-from mmgrpo.faults import FaultTracker, check_finite, verifier_fault_kind
+from mmgrpo.train.faults import FaultTracker, check_finite, verifier_fault_kind
 from mmgrpo.verifier import Episode, Rewards, Verifier
 
 

@@ -17,9 +17,9 @@ import time
 import pytest
 import torch
 
-from mmgrpo.config import load_config
-from mmgrpo.tiny import TinyModelSpec, build_tiny_model
-from mmgrpo.trainer import Trainer
+from mmgrpo.config.core import load_config
+from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model
+from mmgrpo.train.trainer import Trainer
 
 DRYRUN = os.environ.get("MMGRPO_GPU_DRYRUN") == "1"
 

@@ -12,11 +12,11 @@ import pytest
 import yaml
 from gymnasium.spaces import Discrete, Text
 
-from mmgrpo.cli import main
+from mmgrpo.cli.app import main
 from mmgrpo.envs.gym_adapter import GymChatEnv
 from mmgrpo.envs.gym_frozenlake import ACTION_NAMES, RandomMaps, shortest_path
 from mmgrpo.errors import ConfigError
-from mmgrpo.evaluate import EvalResult, write_transcripts
+from mmgrpo.rollout.evaluation import EvalResult, write_transcripts
 
 ROOT = Path(__file__).resolve().parent.parent
 FROZENLAKE = {
@@ -178,7 +178,7 @@ def test_demo_errors_teach():
 
 def test_warm_start_trains_on_a_gym_envs_demonstrations(tiny_policy):
     """warm_start.source: env on a stock gymnasium game (48bbbf8: a ConfigError, no demonstrations)."""
-    from mmgrpo.warmstart import demonstration_batch, warm_start
+    from mmgrpo.train.warmstart import demonstration_batch, warm_start
 
     def make():
         return GymChatEnv(**FROZENLAKE, demo_policy="mmgrpo.envs.gym_frozenlake:shortest_path")
@@ -259,7 +259,7 @@ def test_transcripts_show_empty_and_whitespace_messages(tmp_path):
 @pytest.mark.slow
 def test_frozenlake_example_plays_on_after_the_warm_start_and_grpo_raises_success(tmp_path, capsys):
     """examples/frozenlake_tiny.yaml on the tiny text model (about 4-5 minutes on one CPU core)."""
-    from mmgrpo.tiny_text import build_tiny_text_model
+    from mmgrpo.tiny.text import build_tiny_text_model
 
     model = build_tiny_text_model(tmp_path / "tiny-model")  # the demo keeps a model already there
     out = ["--out", str(tmp_path), "--processes", "1", "--no-progress", "--set", f"model.path={model}"]

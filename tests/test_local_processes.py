@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from mmgrpo.cli import main
+from mmgrpo.cli.app import main
 from mmgrpo.errors import ConfigError
-from mmgrpo.local_processes import choose_processes
+from mmgrpo.cli.processes import choose_processes
 
 
 def test_the_process_count(monkeypatch):
-    monkeypatch.setattr("mmgrpo.local_processes.available_cores", lambda: 2)
+    monkeypatch.setattr("mmgrpo.cli.processes.available_cores", lambda: 2)
     assert choose_processes("auto", "cpu") == 2
     assert choose_processes("auto", "cuda") == 1
     assert choose_processes("3", "cpu") == 3
-    monkeypatch.setattr("mmgrpo.local_processes.available_cores", lambda: 1)
+    monkeypatch.setattr("mmgrpo.cli.processes.available_cores", lambda: 1)
     assert choose_processes("auto", "cpu") == 1
     for bad in ("two", "0"):
         with pytest.raises(ConfigError, match="--processes takes 'auto' or a whole number"):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mmgrpo.losses import grpo_loss, k3_kl, token_logprobs
+from mmgrpo.grpo.losses import grpo_loss, k3_kl, token_logprobs
 
 N, T = 6, 7
 

@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 
 from mmgrpo.env import ChatEnv, image_part, system, text_part, user
-from mmgrpo.losses import grpo_loss
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
+from mmgrpo.grpo.losses import grpo_loss
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import rollout
 
 TOOLS = [{"type": "function", "function": {"name": "zoom", "parameters": {"type": "object"}}}]
 
@@ -92,7 +92,7 @@ def _full_forward_logprobs(policy: Policy, messages: list[dict], tools) -> tuple
 
 
 def _vision(enc):
-    from mmgrpo.batch import VisionInputs
+    from mmgrpo.model.batch import VisionInputs
 
     if "pixel_values" not in enc:
         return VisionInputs.none(1)
@@ -260,7 +260,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_with_its_name(tiny_po
     import copy
 
     from mmgrpo.errors import DataError
-    from mmgrpo.tiny import CHAT_TEMPLATE
+    from mmgrpo.tiny.vlm import CHAT_TEMPLATE
 
     processor = copy.deepcopy(tiny_policy.processor)
     processor.chat_template = "turns: {{ messages | length }}\n" + CHAT_TEMPLATE  # changes with every turn
@@ -279,7 +279,7 @@ def test_a_runaway_sandboxed_program_is_an_observation_and_the_step_goes_on(tiny
     from mmgrpo.env import Task
     from mmgrpo.envs.tool_env import ToolEnv
     from mmgrpo.toolbox import make_tool
-    from mmgrpo.tools import tool_call_text
+    from mmgrpo.tools.runner import tool_call_text
 
     class CodeEnv(ToolEnv):
         def __init__(self):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mmgrpo.evaluate import evaluate
+from mmgrpo.rollout.evaluation import evaluate
 from mmgrpo.registry import make_env, make_verifier
 from mmgrpo.verifier import Rewards
 
@@ -53,7 +53,7 @@ def test_a_tracker_asked_for_but_not_installed_stops_before_training(tiny_model_
     """`report_to: [tensorboard]` without the package trained with no tracker and only accelerate's
     warning (48bbbf8); now one line names the package, before any model loads."""
     hide = "import sys; sys.modules['tensorboard'] = sys.modules['tensorboardX'] = None; "
-    run = "from mmgrpo.cli import main; sys.exit(main(sys.argv[1:]))"
+    run = "from mmgrpo.cli.app import main; sys.exit(main(sys.argv[1:]))"
     args = [str(ROOT / "examples" / "counting_tiny.yaml"), "--no-progress"]
     for s in (
         f"model.path={tiny_model_dir}",
@@ -84,7 +84,7 @@ def test_eval_on_a_read_only_model_folder_prints_the_accuracy_then_one_line(
     import errno
 
     from mmgrpo import evaluate as evaluate_module
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     def read_only(result, where):
         raise OSError(errno.EROFS, "Read-only file system", str(where))

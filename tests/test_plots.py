@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from mmgrpo.errors import DataError
-from mmgrpo.plots import (
+from mmgrpo.train.plots import (
     CORRECT_COLOUR,
     DEFAULT_KEYS,
     FRAME,

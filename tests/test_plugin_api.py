@@ -1,5 +1,5 @@
 """A third-party plugin written against the import paths plugins use (tests/fixtures/plugin_api: it imports
-``mmgrpo.env``, ``mmgrpo.verifier``, ``mmgrpo.registry``, ``mmgrpo.tools``, ``mmgrpo.toolbox`` and
+``mmgrpo.env``, ``mmgrpo.verifier``, ``mmgrpo.registry``, ``mmgrpo.tools.runner``, ``mmgrpo.toolbox`` and
 ``mmgrpo.envs.tool_env``) is discovered, passes its own checks and trains: single-turn and with tools.
 The fixture is never edited when mmgrpo moves its modules; this test runs it in fresh interpreters."""
 

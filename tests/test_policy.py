@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from mmgrpo.envs.counting import CountingEnv
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
-from mmgrpo.tiny import TinyModelSpec, build_tiny_model, count_parameters
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import rollout
+from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model, count_parameters
 
 
 def _digest(path) -> str:
@@ -150,7 +150,7 @@ def test_shared_prefill_generation_matches_hf_generate_greedy(tiny_policy):
 
 
 def test_sample_tokens_filters_and_distribution():
-    from mmgrpo.policy import sample_tokens
+    from mmgrpo.model.policy import sample_tokens
 
     torch.manual_seed(0)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)  # (N, V)

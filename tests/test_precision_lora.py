@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
-from mmgrpo.config import load_config
+from mmgrpo.config.core import load_config
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.errors import ConfigError
-from mmgrpo.losses import grpo_loss
-from mmgrpo.model_io import LoraSpec
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
-from mmgrpo.trainer import Trainer
+from mmgrpo.grpo.losses import grpo_loss
+from mmgrpo.model.io import LoraSpec
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import rollout
+from mmgrpo.train.trainer import Trainer
 
 BASE = [
     "grpo.tasks_per_step=2",
@@ -189,7 +189,7 @@ def test_sampling_logprobs_equal_training_logprobs(tiny_policy):
     )
     batch = rollout(tiny_policy, envs, [0, 1, 2], group_size=2, max_new_tokens=6, temperature=1.0)
     # recompute the sampled rows of `generate` through the training forward
-    from mmgrpo.batch import TokenBatch, pad_right
+    from mmgrpo.model.batch import TokenBatch, pad_right
 
     rid, rmask = pad_right(comps, tiny_policy.pad_token_id)
     rows = [b for b in range(3) for _ in range(2)]
@@ -287,7 +287,7 @@ def test_a_cache_without_batch_repetition_falls_back_to_encoding_each_row(
 ):
     """The shared-prompt paths need the cache's batch repetition; without it each prompt is encoded G times
     and the numbers are the same."""
-    from mmgrpo import engine
+    from mmgrpo.model import engine
 
     with torch.no_grad():
         want = tiny_policy.logprobs(counting_tokens)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.checkpoint import complete_checkpoints, latest_checkpoint
+from mmgrpo.train.checkpoint import complete_checkpoints, latest_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = str(ROOT / "examples" / "counting_tiny.yaml")
@@ -153,8 +153,8 @@ def test_resume_in_one_process_repeats_the_next_steps_exactly(warm_model_dir, tm
     """Through the Python API: train 3 steps with a checkpoint per step; a new Trainer resumed from
     checkpoint-1 writes steps 2 and 3 exactly as the first one did (with LoRA the checkpoint holds the
     adapter, and the reference is the base model)."""
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     sets = [
         f"model.path={warm_model_dir}",

@@ -8,7 +8,7 @@
   trained model of a failed final save is kept in a rescue folder.
 
 The hostile cases run ``mmgrpo train ... --resume`` as a user does: one through a subprocess, the others
-through ``mmgrpo.cli.main`` in this process (to patch the writers: no disk is really filled).
+through ``mmgrpo.cli.app.main`` in this process (to patch the writers: no disk is really filled).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgrpo.checkpoint import complete_checkpoints, damaged_file, resume_changes
-from mmgrpo.cli import main
+from mmgrpo.train.checkpoint import complete_checkpoints, damaged_file, resume_changes
+from mmgrpo.cli.app import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = str(ROOT / "examples" / "counting_tiny.yaml")
@@ -104,8 +104,8 @@ def test_resume_rebuilds_the_schedule_at_the_restored_step_and_keeps_adams_momen
     lr 1e-4 and AdamW's betas and weight decay changed. The schedule's factor after 2 of 4 optimizer steps
     is (4 - 2) / 4 = 0.5, so the language group's lr is 5e-5 and the vision group's 3e-5 * 0.5; after
     steps 3 and 4 the logged lr is 1e-4 * 1/4 and 0. Adam's moments are the checkpoint's."""
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     extra = ["grpo.steps=4", "grpo.lr=1e-4", "grpo.lr_schedule=linear", "grpo.betas=[0.8, 0.99]"]
     cfg = load_config(CONFIG, [*_sets(tiny_model_dir, run)[1::2], *extra, "grpo.weight_decay=0.1"])
@@ -209,7 +209,7 @@ def test_resuming_the_previous_checkpoint_as_told_replaces_the_damaged_one(tiny_
 def test_a_lora_adapter_stores_its_base_as_an_absolute_path(tiny_model_dir, tmp_path, monkeypatch):
     """A LoRA run from a relative model.path: the final adapter (and each checkpoint's) names its base by
     an absolute path, so it loads from any working directory."""
-    from mmgrpo.model_io import load_model
+    from mmgrpo.model.io import load_model
 
     shutil.copytree(tiny_model_dir, tmp_path / "base")
     monkeypatch.chdir(tmp_path)
@@ -279,7 +279,7 @@ def test_a_full_disk_at_the_final_save_keeps_the_model_in_a_rescue_folder(
     goes to a rescue folder in $TMPDIR instead, named in the one line, and loads from there."""
     import tempfile
 
-    from mmgrpo.model_io import load_model
+    from mmgrpo.model.io import load_model
 
     out, tmp = tmp_path / "run", tmp_path / "tmpdir"
     tmp.mkdir()

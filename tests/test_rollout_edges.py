@@ -11,8 +11,8 @@ import pytest
 
 from mmgrpo.env import ChatEnv, assistant, system, text_part, user
 from mmgrpo.errors import DataError
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import rollout
 
 TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}]
 CALL = '<tool_call>\n{"name": "look", "arguments": {"cell": 5}}\n</tool_call>'

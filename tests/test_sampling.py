@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from mmgrpo.config import load_config
+from mmgrpo.config.core import load_config
 from mmgrpo.registry import register_verifier
-from mmgrpo.sampling import longest_turn, overlong_penalty, zero_variance_groups
-from mmgrpo.trainer import Trainer
+from mmgrpo.rollout.sampling import longest_turn, overlong_penalty, zero_variance_groups
+from mmgrpo.train.trainer import Trainer
 
 BASE = [
     "grpo.steps=1",

@@ -12,8 +12,8 @@ from mmgrpo.env import ChatEnv, check_env, message_text, system, user
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.envs.self_correct import DEFAULT_PROMPT, SelfCorrectEnv, is_correct
 from mmgrpo.errors import ConfigError, EnvError
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import episode_metrics, rollout
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import episode_metrics, rollout
 from mmgrpo.verifier import Rewards
 
 PROMPT = "Check your answer. If it is wrong, give the corrected answer inside <answer></answer>; otherwise repeat it."
@@ -233,8 +233,8 @@ def test_an_unknown_setting_names_the_factory():
 
 
 def test_config_file_builds_the_env(tmp_path):
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import build_env_factory
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import build_env_factory
 
     path = tmp_path / "sc.yaml"
     path.write_text(
@@ -315,7 +315,7 @@ def test_rollout_with_the_tiny_vlm_masks_the_wrappers_message(tiny_policy):
 
 def test_rollout_with_the_tiny_text_model(tmp_path_factory):
     from mmgrpo.envs.text_math import TextMathEnv
-    from mmgrpo.tiny_text import build_tiny_text_model
+    from mmgrpo.tiny.text import build_tiny_text_model
 
     text_policy = Policy.from_pretrained(build_tiny_text_model(tmp_path_factory.mktemp("tiny_text") / "m"))
     prompt = "Are you sure? Answer again inside <answer></answer>."

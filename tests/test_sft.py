@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from mmgrpo.config import load_config
+from mmgrpo.config.core import load_config
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.policy import Policy
-from mmgrpo.sft import batch_rows, example_batch, read_examples, run_sft, supervised_batch
+from mmgrpo.model.policy import Policy
+from mmgrpo.train.sft import batch_rows, example_batch, read_examples, run_sft, supervised_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -204,7 +204,7 @@ def test_micro_batches_take_the_same_step(tiny_model_dir, tmp_path):
 
 
 def test_lora_sft_trains_only_adapters_and_reloads(tiny_model_dir, tmp_path):
-    from mmgrpo.trainer import load_policy
+    from mmgrpo.train.trainer import load_policy
 
     (train_path,) = make_counting_sft(tmp_path / "data", n=8)
     cfg = _config(
@@ -227,7 +227,7 @@ def test_lora_sft_trains_only_adapters_and_reloads(tiny_model_dir, tmp_path):
 
 
 def test_cli_sft_prints_summary_and_next_command(tiny_model_dir, tmp_path, capsys):
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     (train_path,) = make_counting_sft(tmp_path / "data", n=4)
     out = tmp_path / "run"

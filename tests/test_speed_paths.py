@@ -15,12 +15,12 @@ import dataclasses
 import pytest
 import torch
 
-from mmgrpo.batch import TokenBatch
-from mmgrpo.engine import sample_from
+from mmgrpo.model.batch import TokenBatch
+from mmgrpo.model.engine import sample_from
 from mmgrpo.envs.counting import CountingEnv
-from mmgrpo.losses import grpo_loss, token_logprobs
-from mmgrpo.policy import Policy
-from mmgrpo.rollout import rollout
+from mmgrpo.grpo.losses import grpo_loss, token_logprobs
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import rollout
 
 B, G = 3, 4
 
@@ -170,8 +170,8 @@ def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_probabilit
 def test_length_sorted_micro_batches_give_the_one_batch_gradient(tiny_model_dir, tmp_path):
     """Micro-batches are cut from groups sorted by length (less padding); the gradient is the one of a
     single micro-batch over all rows, as the loss normalisers are whole-batch totals."""
-    from mmgrpo.config import load_config
-    from mmgrpo.trainer import Trainer
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
 
     sets = [
         f"model.path={tiny_model_dir}",
@@ -229,7 +229,7 @@ def test_the_patch_embedding_as_a_product_equals_the_convolution(tiny_model_dir)
 def test_a_group_draws_its_scene_once(monkeypatch):
     """The G envs of a group share the task the first one built (make_task is pure), with the same
     generator state a reset(seed) leaves."""
-    from mmgrpo.rollout import reset_group
+    from mmgrpo.rollout.episodes import reset_group
 
     made = []
     original = CountingEnv.make_task

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgrpo.cli import main
+from mmgrpo.cli.app import main
 from mmgrpo.env import check_env, message_text
 from mmgrpo.envs.text_math import TextMathEnv
 from mmgrpo.errors import ConfigError
-from mmgrpo.policy import Policy
+from mmgrpo.model.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
-from mmgrpo.rollout import rollout
-from mmgrpo.tiny_text import build_tiny_text_model
+from mmgrpo.rollout.episodes import rollout
+from mmgrpo.tiny.text import build_tiny_text_model
 from mmgrpo.verifier import Episode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ def math_batch(text_policy):
 def test_tiny_text_model_loads_with_auto_classes(text_model_dir, text_policy):
     from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer
 
-    from mmgrpo.tiny import CHAT_TEMPLATE
+    from mmgrpo.tiny.vlm import CHAT_TEMPLATE
 
     model = AutoModelForCausalLM.from_pretrained(text_model_dir)
     tok = AutoTokenizer.from_pretrained(text_model_dir)

@@ -1,4 +1,4 @@
-"""The tiny checkpoints of ``mmgrpo.tiny_families`` load and run like hub checkpoints of their families."""
+"""The tiny checkpoints of ``mmgrpo.tiny.families`` load and run like hub checkpoints of their families."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmgrpo.tiny_families import FAMILIES, VISION_FAMILIES, build_tiny_family
+from mmgrpo.tiny.families import FAMILIES, VISION_FAMILIES, build_tiny_family
 
 # class, generation stop tokens, tokenizer eos, processor outputs besides input_ids/attention_mask, and a
 # piece of the family's chat layout

@@ -13,7 +13,7 @@ from test_tools import add, call, echo, fail, random_turn
 from mmgrpo.env import SPLITS, Task, check_env, message_images, message_problem, system, user
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError, EnvError
-from mmgrpo.tools import FAILURE_KINDS, Tool
+from mmgrpo.tools.runner import FAILURE_KINDS, Tool
 
 
 class SumEnv(ToolEnv):

@@ -88,7 +88,7 @@ def test_bad_kwargs_name_the_fix():
 
 
 def test_demonstration_batch_is_laid_out_like_a_rollout(tiny_policy):
-    from mmgrpo.warmstart import demonstration_batch
+    from mmgrpo.train.warmstart import demonstration_batch
 
     env = ToolMathEnv(demo_answer_prob=0.0, demo_wrong_op_prob=0.0, demo_copy_prob=0.0)  # all call right
     batch = demonstration_batch(tiny_policy, env, [0, 1], random.Random(0), share_prefix=False)
@@ -104,7 +104,7 @@ def test_demonstration_batch_is_laid_out_like_a_rollout(tiny_policy):
 
 
 def test_tool_agent_trains_two_steps_and_evaluates(tiny_model_dir, tmp_path, capsys, small_run):
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     sets = small_run(
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path / 'run'}", "grpo.max_new_tokens=24"
@@ -140,7 +140,7 @@ def test_transcripts_are_saved_as_markdown_with_images_as_png(tmp_path):
     from PIL import Image
 
     from mmgrpo.env import image_part, text_part, user
-    from mmgrpo.evaluate import EvalResult, write_transcripts
+    from mmgrpo.rollout.evaluation import EvalResult, write_transcripts
 
     zoomed = Image.new("RGB", (112, 112), (220, 40, 40))
     conversation = [

@@ -1,5 +1,5 @@
 """Tools reach the model in every family: a template with a tools section renders them itself, one without
-gets mmgrpo's tools block (mmgrpo.tool_prompt) in the system message or the first user message, and a
+gets mmgrpo's tools block (mmgrpo.model.tool_prompt) in the system message or the first user message, and a
 template that would hide them wherever they go is a ConfigError, never a silent run."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from PIL import Image
 
 from mmgrpo.env import assistant, system, text_part, tool, user
 from mmgrpo.errors import ConfigError
-from mmgrpo.policy import Policy
-from mmgrpo.tiny_families import FAMILIES, GEMMA3_CHAT_TEMPLATE, VISION_FAMILIES, build_tiny_family
-from mmgrpo.tool_calls import tool_call_text
-from mmgrpo.tool_prompt import find_placement, tools_block, with_tools_block
-from mmgrpo.tools import tool_schemas
+from mmgrpo.model.policy import Policy
+from mmgrpo.tiny.families import FAMILIES, GEMMA3_CHAT_TEMPLATE, VISION_FAMILIES, build_tiny_family
+from mmgrpo.tools.calls import tool_call_text
+from mmgrpo.model.tool_prompt import find_placement, tools_block, with_tools_block
+from mmgrpo.tools.runner import tool_schemas
 
 
 def count_cells(grid_side: int) -> int:

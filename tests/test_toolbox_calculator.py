@@ -128,7 +128,7 @@ def test_make_tool_errors_teach(name, settings, message):
 
 
 def test_schema_of_every_builtin_tool():
-    """get_json_schema (what mmgrpo.tools.Tool uses) works on every built-in tool, with every argument typed
+    """get_json_schema (what mmgrpo.tools.runner.Tool uses) works on every built-in tool, with every argument typed
     and described."""
     tools = [
         make_tool("calculator"),

@@ -19,8 +19,8 @@ from PIL import Image
 
 from mmgrpo.env import message_problem
 from mmgrpo.errors import ConfigError
-from mmgrpo.tool_calls import MAX_PARSE_CHARS, MAX_PARSED_CALLS
-from mmgrpo.tools import (
+from mmgrpo.tools.calls import MAX_PARSE_CHARS, MAX_PARSED_CALLS
+from mmgrpo.tools.runner import (
     FAILURE_KINDS,
     Tool,
     ToolCall,

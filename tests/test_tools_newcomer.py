@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmgrpo.config import load_config
+from mmgrpo.config.core import load_config
 from mmgrpo.env import Task, system, user
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError
 from mmgrpo.registry import make_env
-from mmgrpo.tools import FAILURE_KINDS, Tool, ToolRunner, tool_call_text
+from mmgrpo.tools.runner import FAILURE_KINDS, Tool, ToolRunner, tool_call_text
 
 
 def _text(result) -> str:
@@ -219,7 +219,7 @@ def test_a_tool_env_with_one_turn_is_refused_when_the_config_loads(env):
 
 
 def test_train_with_a_one_turn_tool_env_stops_before_anything_runs(tmp_path, capsys):
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     path = tmp_path / "tools.yaml"
     path.write_text("env:\n  name: tool_math\n  kwargs: {tools: [calculator]}\n", encoding="utf-8")

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from mmgrpo.config import load_config
+from mmgrpo.config.core import load_config
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.registry import register_env, register_verifier
-from mmgrpo.trainer import Trainer
+from mmgrpo.train.trainer import Trainer
 
 BASE = [
     "grpo.steps=1",

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from mmgrpo.config import load_config
+from mmgrpo.config.core import load_config
 from mmgrpo.registry import register_verifier
-from mmgrpo.trainer import Trainer
+from mmgrpo.train.trainer import Trainer
 
 BASE = [
     "grpo.steps=2",
@@ -78,7 +78,7 @@ def test_adaptive_beta_follows_the_controller_rule(tiny_model_dir, tmp_path):
 
 
 def test_kl_in_the_reward_is_beta_times_the_episodes_summed_kl(tiny_model_dir, tmp_path):
-    from mmgrpo.kl_control import sequence_kl
+    from mmgrpo.grpo.kl_control import sequence_kl
 
     tr = _trainer(tiny_model_dir, tmp_path, "grpo.kl_in=reward", "grpo.beta=0.5", "grpo.kl_estimator=k1")
     tr.train_step()  # the policy moves away from the reference
@@ -102,7 +102,7 @@ def test_normalize_then_sum_weighs_a_small_reward_as_much_as_a_large_one(tiny_mo
     batch, scored, _ = tr.collect(4)
     adv = tr.advantages(batch, scored, scored.total, 4)
     # by hand: each verifier normalised within its group, then 1.0 x len-term + 0.5 x big-term
-    from mmgrpo.advantages import group_advantages
+    from mmgrpo.grpo.advantages import group_advantages
 
     ids = batch.group_ids
     want = group_advantages(scored.per_verifier["test_len"], 4, group_ids=ids) + 0.5 * group_advantages(
@@ -115,7 +115,7 @@ def test_kl_in_the_reward_is_logged_and_steers_the_adaptive_beta(tiny_model_dir,
     """kl_in=reward with target_kl: the loss runs with beta 0, so the KL the controller follows (and the
     log shows) is the reward's: the token mean of the episodes' KL to the reference. On 48bbbf8 it was 0 on
     every step and beta only shrank."""
-    from mmgrpo.losses import kl_estimate
+    from mmgrpo.grpo.losses import kl_estimate
 
     tr = _trainer(
         tiny_model_dir,

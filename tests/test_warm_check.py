@@ -12,8 +12,8 @@ import torch
 from mmgrpo.env import Shown
 from mmgrpo.envs.tool_math import ToolMathEnv
 from mmgrpo.errors import WarmStartError
-from mmgrpo.tools import tool_call_text
-from mmgrpo.warm_check import SkillCheck, _probe_passes, require_skill, target_pattern
+from mmgrpo.tools.runner import tool_call_text
+from mmgrpo.train.warm_check import SkillCheck, _probe_passes, require_skill, target_pattern
 
 
 def test_target_pattern_accepts_the_form_with_any_number():
@@ -30,7 +30,7 @@ def test_target_pattern_accepts_the_form_with_any_number():
 def test_copy_drills_hide_only_the_operator_of_the_right_call(tiny_policy):
     """A drill is the right call with its operator shown (loss 0) and everything else taught: the
     question's numbers copied into the call, the tool's result copied into the answer."""
-    from mmgrpo.warmstart import demonstration_batch
+    from mmgrpo.train.warmstart import demonstration_batch
 
     env = ToolMathEnv(demo_copy_prob=1.0)
     _, info = env.reset(seed=3)
@@ -60,7 +60,7 @@ def test_copy_drills_hide_only_the_operator_of_the_right_call(tiny_policy):
 def test_probe_counts_rows_whose_taught_tokens_are_all_greedy(tiny_policy, monkeypatch):
     """With logits that put the maximum on the right token everywhere every probe passes; moving the
     maximum off the right token at one taught position of row 0 fails exactly that row."""
-    from mmgrpo import engine
+    from mmgrpo.model import engine
 
     env = ToolMathEnv()
     spoil = {"on": False}
@@ -93,7 +93,7 @@ def test_require_skill_names_the_skill_the_rate_and_the_fix():
 
 
 def test_a_too_short_warm_start_stops_before_grpo_with_one_line(tiny_model_dir, tmp_path, capsys):
-    from mmgrpo.cli import main
+    from mmgrpo.cli.app import main
 
     out = tmp_path / "run"
     sets = [
@@ -123,9 +123,9 @@ def test_a_too_short_warm_start_stops_before_grpo_with_one_line(tiny_model_dir, 
 
 
 def test_warm_start_ends_at_the_first_check_that_passes(tiny_model_dir):
-    from mmgrpo.policy import Policy
+    from mmgrpo.model.policy import Policy
     from mmgrpo.registry import make_env
-    from mmgrpo.warmstart import warm_start
+    from mmgrpo.train.warmstart import warm_start
 
     policy = Policy.from_pretrained(tiny_model_dir)
     logged, asked = [], []
@@ -155,8 +155,8 @@ def test_warm_start_ends_at_the_first_check_that_passes(tiny_model_dir):
 def test_demonstrations_share_their_common_prompt_prefix_with_equal_loss_and_gradients(tiny_policy):
     """A tool task's system prompt and schemas are most of each demonstration: the warm start encodes them
     once (the shared-prompt path) and gets the loss and gradients of the row-by-row layout."""
-    import mmgrpo.warmstart as ws
-    from mmgrpo.sft import masked_nll
+    import mmgrpo.train.warmstart as ws
+    from mmgrpo.train.sft import masked_nll
 
     env = ToolMathEnv()
     seeds = [10_000_000 + k for k in range(6)]

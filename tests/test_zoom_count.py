@@ -20,8 +20,8 @@ from mmgrpo.envs.counting import PALETTE, scene_seed
 from mmgrpo.envs.zoom_count import ZoomCountEnv, tool_call_text
 from mmgrpo.errors import ConfigError
 from mmgrpo.registry import ENVS, list_envs, make_env, register_env
-from mmgrpo.rollout import rollout
-from mmgrpo.tiny import TinyModelSpec
+from mmgrpo.rollout.episodes import rollout
+from mmgrpo.tiny.vlm import TinyModelSpec
 
 SEEDS = range(40)
 

@@ -1,4 +1,4 @@
-"""Built-in tools: plain functions with type hints and an ``Args:`` docstring, ready for ``mmgrpo.tools.Tool``.
+"""Built-in tools: plain functions with type hints and an ``Args:`` docstring, ready for ``mmgrpo.tools.runner.Tool``.
 
 - ``calculator(expression)``: arithmetic, parsed with ``ast`` (never ``eval``); ``mmgrpo.toolbox.calculator``.
 - ``python(code)``: runs a program in a sandboxed subprocess; ``mmgrpo.toolbox.sandbox``, ``docs/sandbox.md``.

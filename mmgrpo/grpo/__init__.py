@@ -1,0 +1,6 @@
+"""The GRPO math: pure tensor functions with shape comments, every variant a parameter.
+
+``advantages`` (group statistics and normalisation), ``losses`` (token log-probs, the clipped surrogate, KL
+estimators, aggregation), ``kl_control`` (fixed and adaptive KL coefficients). Imports torch and
+``mmgrpo.errors`` only: nothing here knows about models, environments or the loop.
+"""

@@ -1,0 +1,241 @@
+"""The forward/decode engine: shared prefill, the decode loop and per-token response logits.
+
+Functions of (model, adapter, tensors); the family-specific parts (forward keywords, positions) come from
+``mmgrpo.model.adapters``. Layout (see ``mmgrpo.model.batch``): prompt_ids (N, P) left-padded, response_ids (N, T)
+right-padded, so the log-prob of response token t is read from the logits at column P + t - 1.
+
+Two ways to get response logits, with the same numbers (tested):
+
+- full: one forward over prompt + response for every row;
+- shared: when rows come in runs of G sharing a prompt, encode each prompt (and its images) once, repeat
+  its key/value cache G times and run the G responses on it (3.9x faster on the counting demo's batch).
+  Used when the responses hold no images; a response with images (a tool's crop or zoom) takes the full
+  path, where the model lays out the 3-D positions of every image of the sequence itself.
+
+Generation uses the same prefill: B prompts encoded once, G samples decoded on the repeated cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import DynamicLayer
+
+from mmgrpo.model.adapters import CausalLMAdapter, unwrap
+from mmgrpo.model.batch import TokenBatch, VisionInputs
+
+
+def cache_kwarg(model) -> str:
+    """The forward keyword that takes a KV cache: ``cache`` in recent transformers, else past_key_values."""
+    m = unwrap(model)
+    m = m.get_base_model() if hasattr(m, "get_base_model") else m  # a LoRA wrapper takes **kwargs
+    return _cache_kwarg_of(type(m))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters  # once per class: a decode step asks every time
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def model_dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def prefill(
+    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, G: int, device
+) -> tuple[Tensor, object, Tensor | None]:
+    """Encode B sequences once and repeat the result G times (row b -> rows bG .. bG+G-1).
+
+    ids, mask (B, L) left-padded; ``vision`` their images. Returns the logits predicting the next token
+    (B*G, V), the KV cache repeated to B*G rows, and the per-row offset that M-RoPE models add to text
+    positions after images ((B*G, 1) or None).
+    """
+    kw = adapter.forward_kwargs(ids, mask, vision, device, model_dtype(model))
+    pos = adapter.positions_given_to_prefill(mask, vision, model)
+    if pos is not None:
+        kw["position_ids"] = pos.to(device)
+    out = model(**kw, logits_to_keep=1, use_cache=True)
+    cache = out["cache"] if "cache" in out else out.past_key_values  # renamed in transformers 5.x
+    if G > 1 and not repeat_cache(cache, G):
+        # a cache without batch repetition (custom / remote-code caches): encode each prompt G times
+        rows = [b for b in range(ids.shape[0]) for _ in range(G)]
+        return prefill(model, adapter, ids[rows], mask[rows], vision.select(rows), 1, device)
+    first = out.logits[:, -1, :].repeat_interleave(G, dim=0)  # (N, V)
+    delta = adapter.prefill_delta(model, vision)
+    if delta is not None:
+        delta = delta.to(device).repeat_interleave(G, dim=0)  # (N, 1)
+    return first, cache, delta
+
+
+def repeat_cache(cache, G: int) -> bool:
+    """Repeat every row of ``cache`` G times in place ((B, ...) -> (B*G, ...), differentiable); False when
+    the cache class cannot."""
+    repeat = getattr(cache, "batch_repeat_interleave", None)
+    if repeat is None:
+        return False
+    repeat(G)
+    return True
+
+
+class _ReservedLayer(DynamicLayer):
+    """A growing KV-cache layer written in place into buffers with room for the tokens still to come,
+    instead of concatenating (copying the whole cache) at every decode step. ``keys`` / ``values`` are
+    views of the filled part, so everything that reads them (lengths, masks) sees a plain layer."""
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        n, m = self.keys.shape[-2], key_states.shape[-2]
+        if n + m > self._room:  # more than reserved: grow the plain way
+            return super().update(key_states, value_states, *args, **kwargs)
+        self._kbuf[:, :, n : n + m] = key_states
+        self._vbuf[:, :, n : n + m] = value_states
+        self.keys, self.values = self._kbuf[:, :, : n + m], self._vbuf[:, :, : n + m]
+        return self.keys, self.values
+
+
+def reserve(cache, extra: int) -> int:
+    """Give every plain growing layer of ``cache`` room for ``extra`` more positions (see _ReservedLayer);
+    other layer kinds (sliding windows, static caches) are left as they are. Returns how many changed."""
+    changed = 0
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is not DynamicLayer or not layer.is_initialized or layer.keys.dim() != 4:
+            continue
+        N, H, L, D = layer.keys.shape
+        layer._kbuf = layer.keys.new_empty((N, H, L + extra, D))  # (N, H, L + extra, D)
+        layer._vbuf = layer.values.new_empty((N, H, L + extra, layer.values.shape[-1]))
+        layer._kbuf[:, :, :L], layer._vbuf[:, :, :L] = layer.keys, layer.values
+        layer._room = L + extra
+        layer.keys, layer.values = layer._kbuf[:, :, :L], layer._vbuf[:, :, :L]
+        layer.__class__ = _ReservedLayer
+        changed += 1
+    return changed
+
+
+def sample_tokens(
+    logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0, suppress: list[int] | None = None
+) -> Tensor:
+    """One token per row from logits (N, V): greedy when temperature <= 0, else softmax(logits / T)
+    restricted to the top_k tokens and to the smallest set whose probability reaches top_p. Returns (N,)."""
+    logits = logits.float().clone()  # (N, V) never edit the caller's logits
+    if suppress:
+        logits[:, suppress] = float("-inf")
+    if temperature <= 0:
+        return logits.argmax(dim=-1)  # (N,)
+    logits = logits / temperature
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (N, V)
+        probs = sorted_logits.softmax(dim=-1)  # (N, V)
+        drop = probs.cumsum(dim=-1) - probs > top_p  # (N, V) mass before this token already exceeds top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return sample_from(logits.softmax(dim=-1))  # (N,)
+
+
+def sample_from(probs: Tensor) -> Tensor:
+    """One index per row of probs (N, V) (rows sum to 1), by inverse CDF: one uniform number per row and a
+    binary search in the row's cumulative sums. The same distribution as ``torch.multinomial``, which on CPU
+    draws an exponential variate for every vocabulary entry (20x slower at V = 830). Returns (N,)."""
+    cdf = probs.cumsum(dim=-1)  # (N, V)
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]  # (N, 1)
+    # right=True: the first entry whose cumulative sum exceeds u, so a zero-probability entry (equal
+    # cumulative sum to its left neighbour) is never picked
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (N,)
+    # rounding can put u at the very top of the cdf: take the last entry with probability > 0 then
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # (N,)
+    return torch.minimum(idx, last)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    adapter: CausalLMAdapter,
+    ids: Tensor,
+    mask: Tensor,
+    vision: VisionInputs,
+    *,
+    G: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    stop_ids: list[int],
+    pad_token_id: int,
+    device,
+    return_logprobs: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Sample G continuations of each of B left-padded sequences with one encoding each: the decode loop
+    of HF generate, minus the G-fold prefill. A row stops at the first of ``stop_ids``.
+
+    Returns the new ids (B*G, t <= max_new_tokens), pad after the stop token, and the log-probability of
+    each sampled token under the distribution the loss reads (softmax of logits / temperature, before
+    top-p / top-k; temperature 1 when greedy), (B*G, t) -- what training recomputes for its ratio (None
+    without ``return_logprobs``).
+    """
+    logits, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)  # (N, V)
+    reserve(cache, max_new_tokens)
+    mask = mask.repeat_interleave(G, dim=0).to(device)  # (N, L), grows a column per step
+    done = torch.zeros(mask.shape[0], dtype=torch.bool, device=device)  # (N,)
+    stops = torch.as_tensor(stop_ids, device=device)  # (S,)
+    steps, logps = [], []
+    for _ in range(max_new_tokens):
+        nxt = sample_tokens(logits, temperature, top_p, top_k, adapter.suppress_ids)  # (N,)
+        nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)  # (N,)
+        if return_logprobs:
+            scaled = logits.float() / (temperature if temperature > 0 else 1.0)  # (N, V)
+            logps.append(torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1))  # (N,)
+        steps.append(nxt)
+        done |= torch.isin(nxt, stops)
+        if bool(done.all()) or len(steps) == max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (N, L + t + 1)
+        logits = model(
+            input_ids=nxt[:, None],
+            attention_mask=mask,
+            position_ids=adapter.continuation_positions(mask, mask.shape[1] - 1, delta, model),
+            **{cache_kwarg(model): cache},
+            use_cache=True,
+        ).logits[:, -1, :]  # (N, V)
+    if not steps:
+        empty = torch.zeros((mask.shape[0], 0))
+        return empty.long(), empty
+    return torch.stack(steps, dim=1), torch.stack(logps, dim=1) if logps else None  # (N, t), (N, t)
+
+
+def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:
+    """One forward over prompt + response: logits predicting each response token, (N, T, V)."""
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P + T)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # (N, P + T)
+    T = batch.response_ids.shape[1]
+    vision = batch.row_vision()  # prompt images, then the images of the response, per row
+    kw = adapter.forward_kwargs(ids, mask, vision, device, model_dtype(model))
+    pos = adapter.positions_given_to_prefill(mask, vision, model)
+    if pos is not None:
+        kw["position_ids"] = pos.to(device)
+    logits = model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
+    return logits[:, :-1, :]  # (N, T, V): logits at column P+t-1 predict response token t
+
+
+def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device) -> Tensor:
+    """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses."""
+    N, P = batch.prompt_ids.shape
+    heads = list(range(0, N, G))  # first row of each group
+    owners = batch.row_prompts()
+    pv = batch.vision.select([owners[h] for h in heads])
+    first, cache, delta = prefill(
+        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G, device
+    )
+    full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(device)  # (N, P + T)
+    rest = model(
+        input_ids=batch.response_ids.to(device),
+        attention_mask=full_mask,
+        position_ids=adapter.continuation_positions(full_mask, P, delta, model),
+        **{cache_kwarg(model): cache},
+        use_cache=True,
+    ).logits  # (N, T, V): column t predicts response token t + 1
+    return torch.cat([first.unsqueeze(1), rest[:, :-1, :]], dim=1)  # (N, T, V)

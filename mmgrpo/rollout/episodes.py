@@ -1,0 +1,358 @@
+"""Rollout: run G episodes per task against environments with a Policy, token in / token out, multi-turn.
+
+For B tasks the G environment copies of a task are reset on the same seed. All live episodes advance one
+turn per batched generation:
+
+  turn 1   each task's prompt (images and tool list included) is templated and encoded once and shared by
+           its G rows (one prefill per group, G samples decoded on the repeated KV cache);
+  step     every live episode's ``env.step(text)`` runs at once in a thread pool (tools run there, each
+           with its own timeout, so one slow tool does not serialise the batch);
+  append   the env's new messages are rendered by the chat template and appended as new token ids
+           (``Policy.encode_continuation``: a prefix extension, checked), images processed once and kept
+           with their row; earlier turns are never decoded and re-encoded;
+  turn k   the live rows' whole sequences are encoded and the next turn sampled.
+
+An episode ends when the env terminates or truncates it, when a turn ends without a stop token
+(``max_new_tokens`` per turn), at ``max_turns`` policy turns, or when its response would exceed the token
+budget ``max_episode_tokens``; the last three count as truncated, with the reason kept. The model's positions
+(``max_position_embeddings``) are a budget too: an episode whose prompt, response, new env turn and a full
+next turn (``max_new_tokens``) would not fit ends there, truncated ("token_budget"), and the rest of the
+batch goes on (only a prompt that cannot fit with one turn is an error: a config to change).
+
+A turn that stops on a stop id other than the template's end-of-turn token (Qwen's ``<|endoftext|>`` next to
+``<|im_end|>``) keeps that sampled token; when the env answers, its appended tokens first close the turn as
+the template does (``<|im_end|>\n``), so that the ids stay the template's rendering of the conversation.
+
+Layout of the returned batch (see mmgrpo.model.batch): prompt_ids (N, P) left-padded, response_ids (N, T)
+right-padded (policy turns and env turns), loss_mask (N, T) = 1 only on sampled tokens, per-row response
+images, and ``group_ids`` (N,): row i belongs to the task ``group_ids[i]`` (rows g*G .. g*G+G-1 today).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mmgrpo.env import ChatEnv, SingleTurnEnv, assistant
+from mmgrpo.errors import ConfigError, DataError, EnvError
+from mmgrpo.model.adapters import unwrap
+from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
+from mmgrpo.model.policy import Policy
+from mmgrpo.verifier import Episode
+
+TRUNCATION_REASONS = ("max_new_tokens", "max_turns", "token_budget", "env")
+
+
+@dataclass
+class Trajectory:
+    """One finished episode.
+
+    response_ids: ids after the prompt (policy turns and env turns), as sampled / as appended
+    loss_mask: 1 per response token the policy generated, 0 for environment tokens
+    turn_rewards: the environment's reward after each policy turn
+    """
+
+    group: int
+    task: dict[str, Any]
+    messages: list[dict]
+    completion: str
+    response_ids: list[int]
+    loss_mask: list[int]
+    turn_rewards: list[float] = field(default_factory=list)
+    truncated: bool = False
+    env_error: str | None = None
+    turns: int = 0
+    truncation: str | None = None  # one of TRUNCATION_REASONS when truncated
+    tool_calls: int = 0
+    tool_failures: dict[str, int] = field(default_factory=dict)
+    response_vision: VisionInputs = field(default_factory=lambda: VisionInputs(images_per_seq=[0]))
+    seed: int | None = None  # the task seed the env was reset on
+    env_metrics: dict[str, float] = field(default_factory=dict)  # the env's own, last value per name
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+    def to_episode(self) -> Episode:
+        return Episode(
+            completion=self.completion,
+            messages=self.messages,
+            task=self.task,
+            env_reward=float(sum(self.turn_rewards)),
+            truncated=self.truncated,
+        )
+
+
+@dataclass
+class RolloutBatch:
+    trajectories: list[Trajectory]
+    tokens: TokenBatch
+    group_size: int
+    failed_tasks: list[tuple[int, str]] = field(default_factory=list)
+    """Tasks whose env raised in ``reset``: (seed, error). They are left out of the batch, not a crash."""
+
+    @property
+    def episodes(self) -> list[Episode]:
+        return [t.to_episode() for t in self.trajectories]
+
+    @property
+    def group_ids(self) -> list[int]:
+        """Per row, the task (group) it belongs to: group statistics are taken over equal ids."""
+        return [t.group for t in self.trajectories]
+
+
+def reset_group(envs: list[ChatEnv], seed: int, split: str) -> tuple[list[dict], dict]:
+    """Reset every env of one group on the same task; returns the shared prompt and task info."""
+    first_obs, first_info = envs[0].reset(seed=seed, options={"split": split})
+    for env in envs[1:]:
+        shared = isinstance(env, SingleTurnEnv) and env.reset_like(envs[0], seed)
+        if not shared:
+            env.reset(seed=seed, options={"split": split})
+    return first_obs, first_info
+
+
+def _step(env: ChatEnv, text: str) -> tuple[list[dict], float, bool, bool, dict, str | None]:
+    """env.step(text); an exception ends the episode and is kept as data (a bad episode is not a crash)."""
+    try:
+        obs, reward, terminated, truncated, info = env.step(text)
+        return list(obs or []), float(reward), bool(terminated), bool(truncated), dict(info or {}), None
+    except Exception as exc:
+        return [], 0.0, True, False, {}, f"{type(exc).__name__}: {exc}"
+
+
+_STEP_POOL: ThreadPoolExecutor | None = None
+
+
+def _step_pool() -> ThreadPoolExecutor:
+    global _STEP_POOL
+    if _STEP_POOL is None:
+        _STEP_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="mmgrpo-env-step")
+    return _STEP_POOL
+
+
+def rollout(
+    policy: Policy,
+    envs: list[ChatEnv],
+    seeds: list[int],
+    *,
+    group_size: int,
+    split: str = "train",
+    max_new_tokens: int = 16,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_turns: int = 1,
+    max_episode_tokens: int | None = None,
+) -> RolloutBatch:
+    """Run len(seeds) * group_size episodes; ``envs`` holds that many env instances (row order)."""
+    if max_turns < 1:
+        raise ConfigError(f"env.max_turns={max_turns}: an episode needs at least one policy turn")
+    B, G = len(seeds), group_size
+    N = B * G
+    if len(envs) < N:
+        raise ValueError(f"rollout needs {N} envs for {B} tasks x G={G}, got {len(envs)}")
+    budget = max_episode_tokens or 10**9  # response tokens (policy and env) an episode may hold
+    prompts, tasks, kept, failed = [], [], [], []
+    for b, seed in enumerate(seeds):
+        try:
+            obs, info = reset_group(envs[b * G : (b + 1) * G], seed, split)
+        except Exception as exc:  # a task the env cannot pose is data: leave it out, say which
+            failed.append((seed, f"{type(exc).__name__}: {exc}"))
+            continue
+        prompts.append(obs)
+        tasks.append(info)
+        kept.append(b)
+    if not kept:
+        raise EnvError(
+            f"the environment raised in reset() for every task of this batch ({split} seeds {seeds}); first: "
+            f"seed {failed[0][0]}: {failed[0][1]}"
+        )
+    envs = [env for b in kept for env in envs[b * G : (b + 1) * G]]  # row order of the kept tasks
+    B, N = len(kept), len(kept) * G
+    tools = [info.get("tools") or None for info in tasks]  # JSON schemas for the chat template
+
+    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P), (B, P)
+    vision = policy.encode_images(vision)  # a frozen encoder runs here, once per image, for every pass
+    limit = getattr(unwrap(policy.model).config.get_text_config(), "max_position_embeddings", None)
+    prompt_lens = prompt_mask.sum(dim=1).tolist()  # (B,) real tokens of each group's prompt
+    if limit is not None and prompt_ids.shape[1] + max_new_tokens > limit:
+        raise DataError(
+            f"a prompt of {prompt_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+            f"model's {limit} positions (task seeds {seeds}); lower grpo.max_new_tokens or the image budget "
+            "(model.max_pixels). Image tokens are never truncated."
+        )
+    rows = [b for b in range(B) for _ in range(G)]  # row i belongs to group i // G
+    trajs = [
+        Trajectory(
+            group=rows[i],
+            task=tasks[rows[i]],
+            messages=list(prompts[rows[i]]),
+            completion="",
+            response_ids=[],
+            loss_mask=[],
+            seed=seeds[kept[rows[i]]],
+        )
+        for i in range(N)
+    ]
+    resp_images: list[list[VisionInputs]] = [[] for _ in range(N)]  # per row, the images of its env turns
+    closed = [True] * N  # per row, whether its last turn ended at the end-of-turn token
+
+    # turn 1: one prompt encoding per group, G samples each
+    new_ids, finished = policy.generate(
+        prompt_ids,
+        prompt_mask,
+        vision,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        num_samples=G,
+    )
+    live = list(range(N))
+    while True:
+        # the policy's turn: keep the sampled ids as they are
+        texts = {}
+        for i, ids, done in zip(live, new_ids, finished, strict=True):
+            t = trajs[i]
+            t.response_ids += ids
+            t.loss_mask += [1] * len(ids)
+            t.turns += 1
+            texts[i] = policy.decode(ids)
+            closed[i] = bool(ids) and ids[-1] == policy.end_of_turn_id
+            t.completion = texts[i]
+            t.messages.append(assistant(texts[i]))
+            if not done:
+                t.truncated, t.truncation = True, "max_new_tokens"
+        # every live episode's env step at once (tools run inside, each with its own timeout)
+        stepping = [i for i in live if not trajs[i].truncated]
+        results = list(_step_pool().map(_step, [envs[i] for i in stepping], [texts[i] for i in stepping]))
+        going = []
+        for i, (obs, reward, terminated, env_truncated, info, error) in zip(stepping, results, strict=True):
+            t = trajs[i]
+            t.turn_rewards.append(reward)
+            t.env_error = error
+            t.tool_calls += int(info.get("tool_calls", 0))
+            for kind, n in (info.get("tool_failures") or {}).items():
+                t.tool_failures[kind] = t.tool_failures.get(kind, 0) + int(n)
+            for name, value in (info.get("metrics") or {}).items():
+                if isinstance(value, (int, float)):
+                    t.env_metrics[str(name)] = float(value)
+            if terminated or error is not None:
+                continue
+            if env_truncated:
+                t.truncated, t.truncation = True, "env"
+            elif t.turns >= max_turns:
+                t.truncated, t.truncation = True, "max_turns"
+            elif not obs:
+                t.truncated, t.truncation = True, "env"  # the env neither ended the episode nor answered
+            else:
+                going.append((i, obs))
+        # the env's turn: its messages appended as tokens (loss mask 0), images processed once
+        live = []
+        for i, obs in going:
+            t = trajs[i]
+            ids, new_vision = policy.encode_continuation(t.messages, obs, tools[t.group], closed=closed[i])
+            length = len(t.response_ids) + len(ids)  # the response with this env turn
+            too_long = limit is not None and prompt_lens[t.group] + length + max_new_tokens > limit
+            if length + 1 > budget or too_long:  # no room for the next turn: it ends here
+                t.truncated, t.truncation = True, "token_budget"
+                continue
+            t.messages += obs
+            t.response_ids += ids
+            t.loss_mask += [0] * len(ids)
+            if not new_vision.empty:
+                resp_images[i].append(new_vision)
+            live.append(i)
+        if not live:
+            break
+        # turn k: the live rows' whole sequences (prompt, then every turn so far), one sample each
+        seqs = [
+            _unpadded(prompt_ids[trajs[i].group], prompt_mask[trajs[i].group]) + trajs[i].response_ids
+            for i in live
+        ]
+        ids_k, mask_k = _pad_left(seqs, policy.pad_token_id)  # (n, L), each row + max_new_tokens <= limit
+        row_vision = VisionInputs.join(
+            vision.select([trajs[i].group for i in live]),
+            VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
+        )
+        turn_budget = [max(1, min(max_new_tokens, budget - len(trajs[i].response_ids))) for i in live]
+        new_ids, finished = policy.generate(
+            ids_k,
+            mask_k,
+            row_vision,
+            max_new_tokens=max(turn_budget),
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            num_samples=1,
+            use_hf_generate=False,
+        )
+        for k, cap in enumerate(turn_budget):  # a row past its own budget ends there, truncated
+            if len(new_ids[k]) > cap:
+                new_ids[k], finished[k] = new_ids[k][:cap], False
+
+    response_ids, response_mask = pad_right([t.response_ids for t in trajs], policy.pad_token_id)  # (N, T)
+    loss_mask, _ = pad_right([t.loss_mask for t in trajs], 0)  # (N, T)
+    for i, t in enumerate(trajs):
+        t.response_vision = VisionInputs.one_sequence(resp_images[i])
+    response_vision = VisionInputs.concat_rows([t.response_vision for t in trajs])
+    idx = torch.as_tensor(rows)
+    tokens = TokenBatch(  # the prompt's ids repeated per row; its pixels held once (prompt_index)
+        prompt_ids[idx],
+        prompt_mask[idx],
+        response_ids,
+        response_mask,
+        loss_mask,
+        vision,
+        prompt_index=rows,
+        response_vision=None if response_vision.empty else response_vision,
+    )
+    return RolloutBatch(trajs, tokens, G, failed_tasks=failed)
+
+
+def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
+    """The real tokens of one left-padded row."""
+    return ids[mask.bool()].tolist()
+
+
+def _pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad lists of ids: ids (n, L) and mask (n, L)."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)  # (n, L)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)  # (n, L)
+    for k, s in enumerate(seqs):
+        ids[k, L - len(s) :] = torch.as_tensor(s, dtype=torch.long)
+        mask[k, L - len(s) :] = 1
+    return ids, mask
+
+
+def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Per-episode means of the multi-turn and tool-use counters, for the metrics log and ``mmgrpo eval``.
+
+    turns, tool_calls (per episode), tools/used_frac (share of episodes with at least one call),
+    tools/failures (per episode) and tools/fail/<kind> (per episode, every kind seen), truncated/<reason>
+    (share of episodes cut by max_new_tokens, max_turns, token_budget or the env), and env/<name> for
+    every number an env reported in its step infos under ``info["metrics"]`` (last value per episode,
+    averaged over the episodes that reported it).
+    """
+    n = max(len(trajectories), 1)
+    out: dict[str, float] = {
+        "turns": sum(t.turns for t in trajectories) / n,
+        "tool_calls": sum(t.tool_calls for t in trajectories) / n,
+        "tools/used_frac": sum(t.tool_calls > 0 for t in trajectories) / n,
+        "tools/failures": sum(sum(t.tool_failures.values()) for t in trajectories) / n,
+    }
+    kinds = sorted({k for t in trajectories for k in t.tool_failures})
+    for kind in kinds:
+        out[f"tools/fail/{kind}"] = sum(t.tool_failures.get(kind, 0) for t in trajectories) / n
+    for reason in TRUNCATION_REASONS:
+        out[f"truncated/{reason}"] = sum(t.truncation == reason for t in trajectories) / n
+    for name in sorted(
+        {k for t in trajectories for k in t.env_metrics}
+    ):  # mean over the episodes reporting it
+        values = [t.env_metrics[name] for t in trajectories if name in t.env_metrics]
+        out[f"env/{name}"] = sum(values) / len(values)
+    return out

@@ -1,0 +1,210 @@
+"""Held-out evaluation: greedy episodes on the eval split, scored by the verifiers.
+
+Eval seeds ``seed_offset .. seed_offset + n - 1`` on the env's ``eval`` split, which every built-in env maps
+to scenes disjoint from the training split. Accuracy is the mean of one verifier's score (``eval.metric``,
+by default the first verifier of the config), counted as correct when that score is >= 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mmgrpo.env import ChatEnv
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import Trajectory, episode_metrics, rollout
+from mmgrpo.verifier import Rewards
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    n: int
+    metric: str
+    correct: int = 0
+    """Episodes whose metric score is >= 0.5 (accuracy = correct / n)."""
+    per_verifier: dict[str, float] = field(default_factory=dict)
+    format_failures: int = 0
+    samples: list[dict] = field(default_factory=list)
+    episode_metrics: dict[str, float] = field(default_factory=dict)
+    """Multi-turn episodes: turns, tool calls and failures per episode, truncation (rollout.episode_metrics)."""
+    transcripts: list[list[dict]] = field(default_factory=list)
+    """Multi-turn episodes: the first few whole conversations (``write_transcripts`` saves them)."""
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "transcripts"}
+        d["samples"] = d["samples"][:20]
+        return d
+
+
+def evaluate(
+    policy: Policy,
+    make_env: Callable[[], ChatEnv],
+    rewards: Rewards,
+    *,
+    episodes: int,
+    metric: str,
+    batch_size: int = 64,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    seed_offset: int = 0,
+    max_turns: int = 1,
+    max_episode_tokens: int | None = None,
+    progress: bool = False,
+    seeds: list[int] | None = None,
+) -> EvalResult:
+    """Accuracy of ``policy`` on ``episodes`` held-out tasks (one greedy episode per task): seeds
+    ``seed_offset .. seed_offset + episodes - 1``, or the given ``seeds`` (one process's share of them)."""
+    from tqdm.auto import tqdm
+
+    if seeds is None:
+        episodes = distinct_episodes(make_env, episodes, warn=True)
+    all_seeds = list(seeds) if seeds is not None else list(range(seed_offset, seed_offset + episodes))
+    episodes = len(all_seeds)
+    if episodes == 0:
+        raise ValueError("evaluate: no episodes to run (episodes=0 or an empty seeds list)")
+    envs = [make_env() for _ in range(min(batch_size, episodes))]
+    correct, scores, samples = 0, {v.name: 0.0 for v in rewards.verifiers}, []
+    trajectories: list[Trajectory] = []
+    bar = tqdm(total=episodes, desc="eval", unit="ep", disable=not progress, leave=False)
+    for start in range(0, episodes, batch_size):
+        seeds = all_seeds[start : start + batch_size]
+        batch = rollout(
+            policy,
+            envs,
+            seeds,
+            group_size=1,
+            split="eval",
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            max_turns=max_turns,
+            max_episode_tokens=max_episode_tokens,
+        )
+        trajectories += batch.trajectories
+        breakdown = rewards.score(batch.episodes)
+        values = breakdown.per_verifier[metric]  # (n,)
+        correct += int((values >= 0.5).sum())
+        for name, v in breakdown.per_verifier.items():
+            scores[name] += float(v.sum())
+        for t, v in zip(batch.trajectories, values.tolist(), strict=True):
+            if len(samples) < 50:
+                samples.append(
+                    {
+                        "seed": t.task.get("seed"),
+                        "answer": t.task.get("answer"),
+                        "completion": t.completion,
+                        "score": v,
+                    }
+                )
+        bar.update(len(seeds))
+    bar.close()
+    return EvalResult(
+        accuracy=correct / episodes,
+        n=episodes,
+        metric=metric,
+        correct=correct,
+        per_verifier={k: v / episodes for k, v in scores.items()},
+        samples=samples,
+        episode_metrics=episode_metrics(trajectories) if max_turns > 1 else {},
+        transcripts=[t.messages for t in trajectories[:TRANSCRIPTS]] if max_turns > 1 else [],
+    )
+
+
+def distinct_episodes(make_env: Callable[[], ChatEnv], episodes: int, *, warn: bool = False) -> int:
+    """``episodes``, or fewer when the env's eval split holds fewer distinct tasks (a dataset's held-out
+    rows): n consecutive seeds play n distinct tasks, more would repeat them and report an n the tasks do
+    not support. ``warn`` prints one line when it cuts."""
+    import sys
+
+    num_tasks = getattr(make_env(), "num_tasks", None)  # envs not derived from ChatEnv may lack it
+    distinct = num_tasks("eval") if num_tasks is not None else None
+    if distinct is None or episodes <= distinct:
+        return episodes
+    if warn:
+        print(
+            f"mmgrpo: eval: the eval split holds {distinct} distinct tasks; evaluating {distinct} episodes, not "
+            f"{episodes} (more would repeat them). Hold out more rows (eval_fraction, eval_path) for a finer "
+            "accuracy.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return distinct
+
+
+TRANSCRIPTS = 8
+"""How many whole held-out conversations a multi-turn evaluation keeps (and ``mmgrpo eval`` saves)."""
+
+
+def evaluate_config(
+    eval_cfg,
+    env_cfg,
+    policy: Policy,
+    make_env: Callable[[], ChatEnv],
+    rewards: Rewards,
+    metric: str,
+    *,
+    episodes: int | None = None,
+    progress: bool = False,
+    seeds: list[int] | None = None,
+) -> EvalResult:
+    """``evaluate`` with the settings of an ``EvalConfig`` (``episodes`` overrides its count, ``seeds``
+    its seeds)."""
+    return evaluate(
+        policy,
+        make_env,
+        rewards,
+        episodes=episodes or eval_cfg.episodes,
+        metric=metric,
+        batch_size=eval_cfg.batch_size,
+        max_new_tokens=eval_cfg.max_new_tokens,
+        temperature=eval_cfg.temperature,
+        seed_offset=eval_cfg.seed_offset,
+        max_turns=env_cfg.max_turns,
+        max_episode_tokens=env_cfg.max_episode_tokens,
+        progress=progress,
+        seeds=seeds,
+    )
+
+
+def write_eval(result: EvalResult, model_dir: str | Path) -> Path:
+    """Write ``eval.json`` next to the model; returns its path."""
+    Path(model_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(model_dir) / "eval.json"
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return path
+
+
+def write_transcripts(result: EvalResult, out_dir: str | Path) -> Path | None:
+    """Save the kept conversations as ``transcripts/episode-K.md`` (text) with their images as PNG files
+    beside them; returns the folder, or None when there is nothing to save. An empty or whitespace-only
+    message shows as ``(empty reply)`` / ``(whitespace only: '\\n\\n')``, not as blank lines."""
+    if not result.transcripts:
+        return None
+
+    def blank(text: str, role: str) -> str:  # a message with no image and no visible text
+        empty = "(empty reply)" if role == "assistant" else "(empty message)"
+        return empty if not text else f"(whitespace only: {text!r})"
+
+    folder = Path(out_dir) / "transcripts"
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, messages in enumerate(result.transcripts):
+        lines = [f"# held-out episode {k}", ""]
+        for m in messages:
+            lines.append(f"## {m['role']}" + (f" ({m['name']})" if m.get("name") else ""))
+            content = (
+                m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+            )
+            if not any(part.get("type") == "image" or part.get("text", "").strip() for part in content):
+                lines.append(blank("".join(part.get("text", "") for part in content), m["role"]))
+            for j, part in enumerate(content):
+                if part.get("type") == "image":
+                    name = f"episode-{k}-{len(lines)}-{j}.png"
+                    part["image"].save(folder / name)
+                    lines.append(f"![image]({name})")
+                elif part.get("text", "").strip():
+                    lines.append(part["text"])
+            lines.append("")
+        (folder / f"episode-{k}.md").write_text("\n".join(lines))
+    return folder

@@ -1,0 +1,137 @@
+"""Did the warm start teach what it was meant to? A check on held-out tasks before GRPO starts.
+
+GRPO can only reinforce what the policy already does now and then. A warm start that leaves out the skill
+its demonstrations were built to teach (the tools demo once copied 2-3 digit tool results into its answer
+but not 4-digit products, so a right call never earned a reward) sends GRPO into a run that cannot
+succeed, and that shows only minutes later as a flat curve. So after the warm start the skill is measured
+on held-out (eval split) tasks, and a rate below ``warm_start.min_skill`` stops the run with one line that
+names the skill, the rate and what to change.
+
+- ``source: env`` with an env that has a ``skill_probe``: the probe's turns are played on held-out tasks
+  (``Shown`` turns as context, the tools really run) and a task passes when greedy decoding reproduces
+  every taught token (teacher-forced argmax: the same as greedy generation of those tokens, in one
+  forward). tool_math's probe shows the question's operation inside the call and checks the rest of the
+  call (the question's numbers copied) and the answer (the tool's result copied).
+- otherwise (format or true-example targets): greedy completions of held-out prompts must have the
+  target's form (``<answer>{random}</answer>`` -> ``<answer>N</answer>``, any N).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mmgrpo.env import ChatEnv
+from mmgrpo.errors import WarmStartError
+from mmgrpo.model import engine
+from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.episodes import reset_group
+
+EVAL_SEEDS = 0  # held-out tasks: the eval split's first seeds (disjoint from the warm start's)
+
+
+@dataclass
+class SkillCheck:
+    """What was checked, on how many held-out tasks, and how many passed."""
+
+    skill: str
+    passed: int
+    n: int
+
+    @property
+    def rate(self) -> float:
+        return self.passed / max(self.n, 1)
+
+    def line(self) -> str:
+        return f"{self.skill}: {self.passed}/{self.n} held-out tasks ({self.rate:.2f})"
+
+
+def check_skill(
+    policy: Policy,
+    make_env: Callable[[], ChatEnv],
+    *,
+    source: str,
+    template: str,
+    tasks: int,
+    max_new_tokens: int = 48,
+    batch_size: int = 32,
+) -> SkillCheck | None:
+    """Measure the warm start's skill on ``tasks`` held-out tasks; None when there is nothing to check."""
+    env = make_env()
+    seeds = list(range(EVAL_SEEDS, EVAL_SEEDS + tasks))
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        with torch.no_grad(), policy.autocast():
+            if source == "env":
+                if getattr(env, "skill_probe", None) is None or env.skill_probe(_info_of(env, 0)) is None:
+                    return None
+                passed = sum(
+                    sum(_probe_passes(policy, env, seeds[i : i + batch_size]))
+                    for i in range(0, len(seeds), batch_size)
+                )
+                return SkillCheck(env.skill, passed, len(seeds))
+            form = target_pattern(template)
+            passed = sum(
+                bool(form.fullmatch(text.strip()))
+                for i in range(0, len(seeds), batch_size)
+                for _, text in _greedy_first_turns(policy, env, seeds[i : i + batch_size], max_new_tokens)
+            )
+            return SkillCheck(f"answer in the form {template!r}", passed, len(seeds))
+    finally:
+        policy.model.train(was_training)
+
+
+def require_skill(check: SkillCheck | None, min_rate: float, *, steps: int, lr: float) -> None:
+    """Raise WarmStartError (one line) when ``check`` fell short of ``min_rate``."""
+    if check is None or check.rate >= min_rate:
+        return
+    raise WarmStartError(
+        f"the warm start did not teach the skill GRPO needs: {check.line()}, below "
+        f"warm_start.min_skill={min_rate:g}, so GRPO from it cannot earn a reward; train it longer or harder "
+        f"(warm_start.steps={steps}, warm_start.drill_steps, warm_start.lr={lr:g}) or lower "
+        "warm_start.min_skill (0: report only)"
+    )
+
+
+def target_pattern(template: str) -> re.Pattern[str]:
+    """A regex for completions of ``template``'s form: ``{random}`` any integer, ``{answer}`` any text."""
+    parts = re.split(r"(\{random\}|\{answer\})", template)
+    body = "".join(
+        r"-?\d+" if p == "{random}" else r".+?" if p == "{answer}" else re.escape(p) for p in parts
+    )
+    return re.compile(body, re.DOTALL)
+
+
+def _info_of(env: ChatEnv, seed: int) -> dict:
+    return reset_group([env], seed, "eval")[1]
+
+
+def _probe_passes(policy: Policy, env: ChatEnv, seeds: list[int]) -> list[bool]:
+    """Per seed, whether greedy decoding reproduces its probe (every taught token the argmax)."""
+    from mmgrpo.train.warmstart import demonstration_batch
+
+    batch = demonstration_batch(policy, env, seeds, random.Random(0), split="eval", play=env.skill_probe)
+    logits = engine.response_logits_full(policy.model, policy.adapter, batch, policy.device)  # (N, T, V)
+    if policy.suppress_ids:
+        logits[..., list(policy.suppress_ids)] = float("-inf")  # the sampler never emits these
+    greedy = logits.argmax(dim=-1).cpu()  # (N, T)
+    taught = batch.loss_mask.bool()  # (N, T)
+    wrong = (greedy != batch.response_ids) & taught  # (N, T)
+    return (~wrong.any(dim=1)).tolist()
+
+
+def _greedy_first_turns(
+    policy: Policy, env: ChatEnv, seeds: list[int], max_new_tokens: int
+) -> list[tuple[dict, str]]:
+    """Per seed, the held-out task's info and the policy's greedy first turn."""
+    resets = [reset_group([env], s, "eval") for s in seeds]
+    ids, mask, vision = policy.encode_prompts(
+        [obs for obs, _ in resets], [info.get("tools") for _, info in resets]
+    )
+    completions, _ = policy.generate(ids, mask, vision, max_new_tokens=max_new_tokens, temperature=0.0)
+    return [(info, policy.decode(c)) for (_, info), c in zip(resets, completions, strict=True)]
