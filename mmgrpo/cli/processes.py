@@ -48,7 +48,7 @@ def launch(config: Path, overrides: list[str], processes: int, *, progress: bool
     as many cores); returns when they finish, raises RuntimeError with their output's tail if one fails."""
     threads = max(1, available_cores() // processes)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the checkout (mmgrpo/cli/processes.py)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     cmd = [
         sys.executable,

@@ -1,0 +1,416 @@
+"""The ``mmgrpo`` subcommands other than the demo: train, sft, eval, probe, plot, list, config-reference
+and tiny-model, with what they share: a failed write as one line (:func:`write_error`), a Ctrl-C that says
+what was kept (:class:`Interrupted`) and the demo's pictures (:func:`write_pictures`).
+
+Uses only the public pieces (config, registry, Policy, Trainer, evaluate); every subcommand is a few
+lines over them so that a script can do the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mmgrpo.cli.threads import set_cpu_threads
+from mmgrpo.errors import ConfigError, DataError, MmgrpoError
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model, count_parameters
+
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():  # said before the seconds of building
+        raise MmgrpoError(f"'{out_dir}' is a file, not a folder: give a new folder path for the tiny model")
+    try:
+        if args.text_only:
+            from mmgrpo.tiny.text import build_tiny_text_model
+
+            out = build_tiny_text_model(out_dir, seed=args.seed)
+        else:
+            out = build_tiny_model(out_dir, TinyModelSpec(seed=args.seed))
+    except OSError as exc:  # nothing is left half-written: the model was built in OUT_DIR.partial
+        raise write_error("the tiny model", out_dir, exc) from exc
+    if args.text_only:
+        from transformers import AutoModelForCausalLM
+
+        n = count_parameters(AutoModelForCausalLM.from_pretrained(out))
+        print(f"tiny Qwen2 causal LM ({n / 1e6:.2f}M parameters, text only) saved to {out}")
+        return 0
+    from transformers import AutoModelForImageTextToText
+
+    n = count_parameters(AutoModelForImageTextToText.from_pretrained(out))
+    print(f"tiny Qwen2.5-VL ({n / 1e6:.2f}M parameters) saved to {out}")
+    return 0
+
+
+def write_error(what: str, path: Path, exc: OSError) -> MmgrpoError:
+    """One line for a write that failed (a full disk, a read-only or a wrong path) and what to do."""
+    import errno
+
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space or choose a folder on another disk"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        fix = "choose a folder you can write to"
+    elif exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        fix = "a file stands where a folder is needed (or the other way round): give another path"
+    else:
+        fix = "choose another path"
+    # the file or folder that failed, unless it is the path itself or mmgrpo's hidden partial copy of it
+    shown = exc.filename and str(exc.filename) != str(path) and ".partial" not in str(exc.filename)
+    where = f" ({exc.filename})" if shown else ""
+    return MmgrpoError(
+        f"cannot write {what} to '{path}': {reason}{where}; {fix}. Nothing was left half-written."
+    )
+
+
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    from mmgrpo.config.core import config_reference
+
+    print(config_reference(markdown=args.markdown))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from mmgrpo.registry import describe
+
+    print(describe())
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mmgrpo.cli.run_lock import RunLock
+    from mmgrpo.config.core import load_config
+
+    cfg = load_config(args.config, args.set)
+    out = Path(cfg.output_dir)
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in output_dir and --overwrite deletes it: give one")
+    with RunLock(out, "mmgrpo train"):
+        return _train(args, cfg, out)
+
+
+def _train(args: argparse.Namespace, cfg, out: Path) -> int:
+    """``mmgrpo train`` with output_dir's lock held."""
+    from mmgrpo.train.checkpoint import latest_checkpoint
+    from mmgrpo.train.trainer import Trainer, TrainingStopped
+
+    resume_from = None
+    if args.resume:
+        resume_from = latest_checkpoint(out) if args.resume == LATEST else Path(args.resume)
+        if resume_from is None:
+            raise ConfigError(
+                f"--resume: output_dir '{out}' holds no complete checkpoint-N to resume from (checkpoints are "
+                "written every grpo.save_every steps and when a run is stopped by Ctrl-C or SIGTERM). Start a "
+                "new run without --resume, or give --resume PATH."
+            )
+    else:
+        _claim_output_dir(out, overwrite=args.overwrite)
+    trainer = Trainer(cfg, progress=not args.no_progress)
+    set_cpu_threads(args.threads)  # after every check of the input: a bad config is one line, alone
+    stopper = _SignalStop(trainer)
+    try:
+        with stopper:
+            if resume_from is not None:
+                trainer.resume(resume_from)
+                if trainer.is_main:
+                    print(
+                        f"mmgrpo: resumed from {resume_from} at step {trainer.step}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            elif cfg.warm_start.steps > 0:
+                trainer.warm_start()
+            stopper.in_grpo = True
+            record = trainer.train()
+    except KeyboardInterrupt:  # during the warm start: keep what there is
+        return _save_interrupted(trainer)
+    except TrainingStopped as stop:
+        if trainer.is_main:
+            if trainer.metrics_path.exists() and stop.step > 0:
+                _draw_curves(trainer)
+            resume = " ".join(["mmgrpo train", args.config, *(f"--set {s}" for s in args.set), "--resume"])
+            print(
+                f"\nmmgrpo: stopped after step {stop.step} of {cfg.grpo.steps}; checkpoint in {stop.path}; "
+                f"continue with: {resume}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return 128 + stopper.signum
+    if cfg.grpo.steps > 0 and trainer.is_main:  # a warm-start-only run has no GRPO curves to draw
+        _draw_curves(trainer)
+    if trainer.is_main:
+        print(
+            f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
+            f"model saved to {trainer.out / 'final'}"
+        )
+    return 0
+
+
+LATEST = "latest"
+
+
+def _draw_curves(trainer) -> None:
+    """curves.png at the end of a run; the model is saved by then, so a failed write is one warning line."""
+    from mmgrpo.train.plots import plot_metrics
+
+    path = trainer.out / "curves.png"
+    try:
+        plot_metrics(trainer.metrics_path, path)
+    except OSError as exc:
+        warning = write_error("the learning curves", path, exc)
+        print(f"mmgrpo: warning: {warning}", file=sys.stderr, flush=True)
+
+
+class _SignalStop:
+    """SIGINT/SIGTERM during GRPO: finish the current step, write a checkpoint, stop (exit 128 + signal).
+    During the warm start: stop at once and keep the model so far. A second signal exits at once."""
+
+    def __init__(self, trainer):
+        self.trainer, self.in_grpo, self.signum, self.previous = trainer, False, 0, {}
+
+    def handle(self, signum, frame):
+        import os
+        import signal
+
+        if self.signum:  # the second signal
+            print(f"\nmmgrpo: {signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum = signum
+        if not self.in_grpo:
+            raise KeyboardInterrupt
+        self.trainer.stop_requested = True
+        if self.trainer.is_main:
+            print(
+                f"\nmmgrpo: {signal.Signals(signum).name}: finishing step {self.trainer.step + 1}, then saving a "
+                "checkpoint (send it again to exit at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __enter__(self):
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[sig] = signal.signal(sig, self.handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def _save_interrupted(trainer) -> int:
+    """Ctrl-C or SIGTERM during the warm start: keep the model and the curves so far, say where, exit 130."""
+    where = trainer.out / "interrupted"
+    trainer.save(where)
+    print(
+        f"\nmmgrpo: interrupted during the warm start; the model so far is in {where} (use it as model.path)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 130
+
+
+RUN_FILES = ("metrics.jsonl", "final", "interrupted", "curves.png", "samples", "warnings.log", "config.yaml")
+"""What a run writes into its output_dir (with checkpoint-N folders)."""
+
+
+def _claim_output_dir(out: Path, *, overwrite: bool, resume: bool = True) -> None:
+    """Refuse to train into a folder that holds a run (its final model would be replaced and its metrics
+    appended to), unless ``--overwrite``, which removes that run's files first. ``resume``: the command
+    has --resume (train does, sft does not)."""
+    import shutil
+
+    found = [n for n in RUN_FILES if (out / n).exists()] + sorted(p.name for p in out.glob("checkpoint-*"))
+    if not found:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"output_dir '{out}' already holds a run ({', '.join(found[:4])}); training there would replace "
+            "its model and mix its metrics with the new run's. Pass "
+            + ("--resume to continue it from its latest checkpoint, " if resume else "")
+            + "--overwrite to delete it and start anew, or set another output_dir."
+        )
+    for name in found:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    import shlex
+
+    from mmgrpo.cli.run_lock import RunLock
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.sft import run_sft
+
+    cfg = load_config(args.config, args.set)
+    out = Path(cfg.output_dir)
+    with RunLock(out, "mmgrpo sft"):
+        # like train: an earlier run's final/ is not replaced unless --overwrite
+        _claim_output_dir(out, overwrite=args.overwrite, resume=False)
+        set_cpu_threads(args.threads)
+        try:
+            summary = run_sft(cfg, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            metrics = out / "metrics.jsonl"
+            so_far = f"; its metrics so far are in {metrics}" if metrics.exists() else ""
+            raise Interrupted(f"mmgrpo: sft interrupted; no model saved{so_far}") from None
+    final = summary["final"]
+    dropped = f" ({summary['dropped']} over-long rows dropped)" if summary["dropped"] else ""
+    held = f", eval loss {summary['eval_loss']:.3f}" if "eval_loss" in summary else ""
+    print(
+        f"sft: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}"
+        f"{held}, saved to {final}{dropped}"
+    )
+    # GRPO from the SFT model, in its own run directory (its final save would replace this one's)
+    keep = [s for s in args.set if not s.startswith(("sft.", "model.path=", "output_dir="))]
+    sets = [*keep, f"model.path={final}", f"output_dir={Path(cfg.output_dir) / 'grpo'}"]
+    print(
+        "next: mmgrpo train "
+        + " ".join([shlex.quote(args.config), *(f"--set {shlex.quote(s)}" for s in sets)])
+    )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mmgrpo.config.core import load_config
+    from mmgrpo.rollout.evaluation import evaluate_config, write_eval, write_transcripts
+    from mmgrpo.train.trainer import build_env_factory, build_rewards, eval_metric, load_policy
+
+    cfg = load_config(args.config, args.set)
+    make_env, rewards, metric = build_env_factory(cfg), build_rewards(cfg), eval_metric(cfg)
+    policy = load_policy(cfg, args.model)
+    set_cpu_threads(args.threads)  # after the input checks (the model folder too): a bad input is one line
+    result = evaluate_config(
+        cfg.eval, cfg.env, policy, make_env, rewards, metric, episodes=args.n, progress=not args.no_progress
+    )
+    for name, v in result.per_verifier.items():
+        print(f"  {name}: {v:.3f}")
+    for name, v in result.episode_metrics.items():
+        print(f"  {name}: {v:.3f}")
+    accuracy = f"accuracy: {result.accuracy:.3f} (n={result.n})"  # the last line, whatever happens next
+    # next to the model; a hub id has no folder here, so the run directory takes it
+    where = args.model if Path(args.model).is_dir() else cfg.output_dir
+    try:
+        path, folder = write_eval(result, where), write_transcripts(result, where)
+    except OSError as e:
+        print(accuracy, flush=True)
+        print(
+            f"mmgrpo: error: could not write eval.json into {where} ({e.strerror or e}); the accuracy above "
+            "is the result. To keep it in a file, copy the model to a folder you can write to and evaluate "
+            "that one.",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"wrote {path}")
+    if folder is not None:
+        print(f"wrote {len(result.transcripts)} transcripts to {folder}")
+    print(accuracy)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from mmgrpo.train.plots import plot_metrics
+
+    run = Path(args.run_dir)
+    if not (run / "metrics.jsonl").is_file():
+        what = "does not exist" if not run.exists() else "holds no metrics.jsonl"
+        raise DataError(
+            f"{run} {what}: give the output_dir of a run (`mmgrpo train` writes metrics.jsonl there)"
+        )
+    out = Path(args.out) if args.out else run / "curves.png"
+    try:
+        path = plot_metrics(run / "metrics.jsonl", out)
+    except OSError as exc:
+        raise write_error("the learning curves", out, exc) from exc
+    print(f"wrote {path}")
+    return 0
+
+
+def write_pictures(trainer, result, run_dir: Path) -> list[Path]:
+    """Learning curves, and what the model saw and said on the first held-out episodes."""
+    from mmgrpo.env import message_images
+    from mmgrpo.train.plots import plot_metrics, sample_grid
+
+    paths = [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")]
+    env = trainer.make_env()
+    images, captions, correct = [], [], []
+    for s in result.samples[:16]:
+        messages, _ = env.reset(seed=s["seed"], options={"split": "eval"})
+        shown = message_images(messages)
+        if not shown:
+            continue
+        images.append(shown[0])
+        captions.append(f"answer {s['answer']} | model {s['completion']}")
+        correct.append(s["score"] >= 0.5)
+    if images:
+        paths.append(sample_grid(images, captions, correct, run_dir / "samples.png", columns=8))
+    return paths
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Sample only (no update): the reward distribution and within-group variance GRPO will see."""
+    from mmgrpo.config.core import load_config
+    from mmgrpo.env import message_text
+    from mmgrpo.grpo.advantages import group_stats
+    from mmgrpo.rollout.episodes import rollout
+    from mmgrpo.train.diagnostics import verdict
+    from mmgrpo.train.trainer import build_env_factory, build_rewards, load_policy
+
+    cfg = load_config(args.config, args.set)
+    g = cfg.grpo
+    make_env, rewards = build_env_factory(cfg), build_rewards(cfg)
+    policy = load_policy(cfg, args.model)
+    set_cpu_threads(args.threads)  # after the input checks (the model folder too): a bad input is one line
+    envs = [make_env() for _ in range(g.episodes_per_step)]
+    totals, zero, formats = [], [], []
+    for step in range(args.steps):
+        seeds = [step * g.tasks_per_step + b for b in range(g.tasks_per_step)]
+        batch = rollout(
+            policy,
+            envs,
+            seeds,
+            group_size=g.group_size,
+            max_new_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            max_turns=cfg.env.max_turns,
+            max_episode_tokens=cfg.env.max_episode_tokens,
+        )
+        scored = rewards.score(batch.episodes)
+        totals += scored.total.tolist()
+        formats += scored.per_verifier["format"].tolist() if "format" in scored.per_verifier else []
+        zero.append(group_stats(scored.total, g.group_size)["frac_zero_std_groups"])
+        if step == 0:
+            for t in batch.trajectories[: min(4, len(batch.trajectories))]:
+                turns = [message_text(m) for m in t.messages if m["role"] in ("assistant", "tool")]
+                shown = (
+                    " | ".join(turns) if t.turns > 1 else t.completion
+                )  # multi-turn: calls and results too
+                print(f"  answer={t.task.get('answer')!r} completion={shown!r}")
+    hist: dict[float, int] = {}
+    for r in totals:
+        hist[round(r, 2)] = hist.get(round(r, 2), 0) + 1
+    print("reward histogram: " + ", ".join(f"{k:g}: {v}" for k, v in sorted(hist.items())))
+    frac = sum(zero) / len(zero)
+    print(f"mean reward {sum(totals) / len(totals):.3f}; fraction of zero-variance groups {frac:.2f}")
+    G = g.group_size
+    groups = [totals[i : i + G] for i in range(0, len(totals), G)]
+    fmt = sum(formats) / len(formats) if formats else None
+    reward_max = sum(max(v.weight, 0.0) for v in cfg.verifiers) or None
+    _, why = verdict(groups, fmt, reward_max=reward_max)
+    print(f"verdict: {why}")  # "can learn: ..." or "cannot learn yet: ..."
+    return 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with the line that says what was kept (``main`` prints it and exits 130)."""

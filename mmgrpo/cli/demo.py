@@ -1,0 +1,161 @@
+"""``mmgrpo demo``: build a tiny model, warm-start it, train it with GRPO and evaluate it before and after
+(the tasks in :data:`DEMO_CONFIGS`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from mmgrpo.cli.commands import Interrupted, write_error, write_pictures
+from mmgrpo.cli.threads import set_cpu_threads
+from mmgrpo.errors import MmgrpoError
+
+DEMO_CONFIGS = {
+    "counting": "examples/counting_tiny.yaml",  # the tiny VLM learns to count red circles
+    "counting_hard": "examples/counting_hard.yaml",  # ... the named kind among several, with distractors
+    "tools": "examples/tools_math_tiny.yaml",  # the tiny model learns to use a calculator
+    "text_math": "examples/text_math_tiny.yaml",  # the tiny text-only model learns addition
+}
+TEXT_ONLY_DEMOS = {"text_math"}  # built on the tiny text-only causal LM, not the tiny VLM
+DEMO_CONFIG = DEMO_CONFIGS["counting"]
+
+
+def _find_demo_config(task: str = "counting") -> Path:
+    name = DEMO_CONFIGS[task]
+    here = Path(__file__).resolve().parents[2]  # the checkout: mmgrpo/cli/demo.py -> .
+    for candidate in (Path.cwd() / name, here / name):
+        if candidate.is_file():
+            return candidate
+    raise MmgrpoError(
+        f"cannot find {name} (looked in {Path.cwd()} and {here}); run the demo from the mmgrpo "
+        "checkout or pass --config PATH"
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from mmgrpo.cli.run_lock import RunLock
+
+    out = Path(args.out)
+    with RunLock(out, "mmgrpo demo", what="--out"), contextlib.ExitStack() as locks:
+        try:
+            return _demo(args, out, locks)
+        except KeyboardInterrupt:
+            raise Interrupted(_demo_kept(out)) from None
+
+
+def _demo_kept(out: Path) -> str:
+    """The line for a demo stopped by Ctrl-C: which of its models are on disk (each is saved whole)."""
+    from mmgrpo.tiny.vlm import is_model_dir
+
+    models = (("tiny-model", "the tiny model"), ("tiny-text-model", "the tiny text model"))
+    models += (("warm-started", "the warm-started model"),)
+    kept = [f"{what} in {out / name}" for name, what in models if is_model_dir(out / name)]
+    if not kept:
+        return "mmgrpo: demo interrupted; nothing saved"
+    return f"mmgrpo: demo interrupted; the run is not saved; kept {' and '.join(kept)} (a new demo reuses it)"
+
+
+def _demo(args: argparse.Namespace, out: Path, locks) -> int:
+    """``mmgrpo demo`` with the lock of ``--out`` held; ``locks`` (an ExitStack) takes the run folder's."""
+    from mmgrpo.cli.processes import choose_processes, launch
+    from mmgrpo.cli.run_lock import RunLock
+    from mmgrpo.config.core import load_config
+    from mmgrpo.tiny.vlm import build_tiny_model, is_model_dir
+    from mmgrpo.train.trainer import Trainer, load_policy
+
+    t0 = time.perf_counter()
+    set_cpu_threads(args.threads)
+    text_only = args.task in TEXT_ONLY_DEMOS and not args.config
+    model_dir = out / ("tiny-text-model" if text_only else "tiny-model")
+    if not is_model_dir(model_dir):
+        try:
+            if text_only:
+                from mmgrpo.tiny.text import build_tiny_text_model
+
+                build_tiny_text_model(model_dir)
+            else:
+                build_tiny_model(model_dir)
+        except OSError as exc:
+            raise write_error("the tiny model", model_dir, exc) from exc
+        what = "text-only Qwen2" if text_only else "Qwen2.5-VL"
+        print(f"demo: built the tiny {what} in {model_dir}", flush=True)
+    config = Path(args.config) if args.config else _find_demo_config(args.task)
+    overrides = [f"model.path={model_dir}", f"output_dir={out / 'run'}", *args.set]
+    cfg = load_config(config, overrides)
+    run_dir = Path(cfg.output_dir)
+    if run_dir.resolve() != out.resolve():  # the run's folder is locked too (it may be outside --out)
+        locks.enter_context(RunLock(run_dir, "mmgrpo demo"))
+    if (run_dir / "metrics.jsonl").exists():
+        (run_dir / "metrics.jsonl").unlink()  # a fresh demo run, not an append to the last one
+    trainer = Trainer(cfg, progress=not args.no_progress)
+    n = cfg.eval.episodes
+    base = trainer.evaluate()
+    print(f"demo: freshly built model accuracy={base.accuracy:.3f} (n={n})", flush=True)
+    if cfg.warm_start.steps > 0:
+        trainer.warm_start()
+    before = trainer.evaluate()
+    w = cfg.warm_start
+    what = (
+        "demonstrations"
+        if w.source == "env"
+        else f"true-example ({w.examples or 'all'} tasks)"
+        if "{answer}" in w.target
+        else "format-only"
+    )
+    print(
+        f"demo: after the {what} warm start ({trainer.warm_start_steps} steps) accuracy={before.accuracy:.3f} "
+        f"(format {before.per_verifier.get('format', float('nan')):.3f})" + _tool_use(before),
+        flush=True,
+    )
+    processes = choose_processes(args.processes, str(trainer.policy.device))
+    if processes > 1:
+        # GRPO on every core: save the warm-started model, train it on N processes (data parallel), then
+        # evaluate their final model here
+        warm = out / "warm-started"
+        trainer.save(warm)
+        print(f"demo: GRPO on {processes} processes (one per core, data parallel)", flush=True)
+        grpo = [*overrides, f"model.path={warm}", "warm_start.steps=0"]
+        launch(config, grpo, processes, progress=not args.no_progress)
+        trainer.policy = load_policy(cfg, model_path=str(run_dir / "final"))
+    else:
+        trainer.train()
+    after = trainer.evaluate()
+    summary = {
+        "base": base.accuracy,
+        "before": before.accuracy,
+        "after": after.accuracy,
+        "n": n,
+        "processes": processes,
+        "seconds": time.perf_counter() - t0,
+        "tool_use_before": before.episode_metrics,
+        "tool_use_after": after.episode_metrics,
+    }
+    (run_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    pictures = write_pictures(trainer, after, run_dir)
+    print("demo: pictures " + ", ".join(str(p) for p in pictures), flush=True)
+    from mmgrpo.rollout.evaluation import write_transcripts
+
+    if (folder := write_transcripts(after, run_dir)) is not None:
+        print(f"demo: held-out transcripts in {folder}" + _tool_use(after), flush=True)
+    print(
+        f"demo: {cfg.grpo.steps} GRPO steps in {summary['seconds']:.0f} s; run directory {run_dir}",
+        flush=True,
+    )
+    print(f"demo: accuracy before={before.accuracy:.3f} after={after.accuracy:.3f} (n={n})", flush=True)
+    return 0
+
+
+def _tool_use(result) -> str:
+    """ "; tool use: ..." for multi-turn results, "" otherwise."""
+    m = result.episode_metrics
+    if not m:
+        return ""
+    env = "".join(f" {k}={v:.2f}" for k, v in m.items() if k.startswith("env/"))
+    return (
+        f"; tool use: used_frac={m['tools/used_frac']:.2f} calls/ep={m['tool_calls']:.2f} "
+        f"failures/ep={m['tools/failures']:.2f} turns/ep={m['turns']:.2f}{env}"
+    )
