@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmgrpo.config.core import load_config
 from mmgrpo.grpo.advantages import group_advantages
 from mmgrpo.model.batch import TokenBatch, VisionInputs
-from mmgrpo.config.core import load_config
 from mmgrpo.train.distributed import reduce_records, shard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,7 +293,7 @@ def test_multi_turn_counters_are_computed_over_every_process_s_episodes(monkeypa
     import accelerate.utils
 
     from mmgrpo.rollout.episodes import Trajectory
-    from mmgrpo.train.trainer import all_episode_metrics, episode_counters
+    from mmgrpo.train.metrics import all_episode_metrics, episode_counters
 
     def episode(fail: dict, metrics: dict) -> Trajectory:
         return Trajectory(

@@ -11,6 +11,7 @@ import torch
 from mmgrpo.config.core import load_config
 from mmgrpo.registry import register_verifier
 from mmgrpo.rollout.sampling import longest_turn, overlong_penalty, zero_variance_groups
+from mmgrpo.train import dynamic
 from mmgrpo.train.trainer import Trainer
 
 BASE = [
@@ -106,7 +107,7 @@ def test_overlong_mask_leaves_truncated_episodes_out_of_the_loss(tiny_model_dir,
     batch, _, _ = tr.collect(4)
     cut = [t.truncated for t in batch.trajectories]
     assert any(cut)  # a random model rarely ends its turn within 2 tokens
-    mask = tr.trained_tokens(batch).loss_mask
+    mask = dynamic.trained_tokens(tr.cfg.grpo, batch).loss_mask
     for i, c in enumerate(cut):
         assert int(mask[i].sum()) == (0 if c else int(batch.tokens.loss_mask[i].sum()))
 
@@ -114,7 +115,7 @@ def test_overlong_mask_leaves_truncated_episodes_out_of_the_loss(tiny_model_dir,
 def test_soft_overlong_penalty_is_added_before_advantages(tiny_model_dir, tmp_path):
     tr = _trainer(tiny_model_dir, tmp_path, "grpo.overlong=soft_penalty", "grpo.overlong_buffer=3")
     batch, scored, _ = tr.collect(4)
-    shaped = tr.shape_rewards(batch, scored.total)
+    shaped = dynamic.shape_rewards(tr.cfg.grpo, batch, scored.total)
     for i, t in enumerate(batch.trajectories):
         cut = t.truncation in ("max_new_tokens", "token_budget")
         want = -1.0 if cut else -max(0, t.num_policy_tokens - 3) / 3
@@ -153,11 +154,13 @@ def test_soft_overlong_penalty_compares_the_longest_turn_with_the_per_turn_limit
         "grpo.max_new_tokens=16",
     )
     batch, scored, _ = tr.collect(4)
-    shaped = tr.shape_rewards(_three_turns(batch, None), scored.total)
+    shaped = dynamic.shape_rewards(tr.cfg.grpo, _three_turns(batch, None), scored.total)
     assert float(shaped[0] - scored.total[0]) == 0.0
-    shaped = tr.shape_rewards(_three_turns(batch, "max_new_tokens"), scored.total)
+    shaped = dynamic.shape_rewards(tr.cfg.grpo, _three_turns(batch, "max_new_tokens"), scored.total)
     assert float(shaped[0] - scored.total[0]) == -1.0
-    shaped = tr.shape_rewards(_three_turns(batch, "max_turns"), scored.total)  # turns are not length
+    shaped = dynamic.shape_rewards(
+        tr.cfg.grpo, _three_turns(batch, "max_turns"), scored.total
+    )  # turns are not length
     assert float(shaped[0] - scored.total[0]) == 0.0
 
 
@@ -175,7 +178,9 @@ def test_overlong_mask_keeps_episodes_ended_by_max_turns_and_logs_the_share(tiny
         ("token_budget", False),
     ):
         fake = _three_turns(batch, reason)  # the episode's ending; its tokens stay the batch's
-        assert int(tr.trained_tokens(fake).loss_mask[0].sum()) == (sampled if kept else 0), reason
+        assert int(dynamic.trained_tokens(tr.cfg.grpo, fake).loss_mask[0].sum()) == (
+            sampled if kept else 0
+        ), reason
     record = tr.train_step()
     assert "overlong/masked_frac" in record
     assert record["overlong/masked_frac"] <= record["truncated_frac"]

@@ -15,12 +15,13 @@ import dataclasses
 import pytest
 import torch
 
-from mmgrpo.model.batch import TokenBatch
-from mmgrpo.model.engine import sample_from
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.grpo.losses import grpo_loss, token_logprobs
+from mmgrpo.model.batch import TokenBatch
+from mmgrpo.model.engine import sample_from
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import rollout
+from mmgrpo.train import microbatch
 
 B, G = 3, 4
 
@@ -188,7 +189,7 @@ def test_length_sorted_micro_batches_give_the_one_batch_gradient(tiny_model_dir,
     trainer.policy.make_reference()
     torch.manual_seed(0)
     tokens = trainer.rollout_tasks(list(range(4)), 2).tokens
-    mbs, _ = trainer.micro_batches(tokens, 2)
+    mbs, _ = microbatch.micro_batches(tokens, 2, trainer.cfg.grpo)
     lengths = [int(tokens.prompt_mask[r].sum(1).max() + tokens.response_mask[r].sum(1).max()) for r in mbs]
     assert lengths == sorted(lengths) and sorted(r for m in mbs for r in m) == list(range(8))
     trainer.optimizer.step = lambda: None  # keep the weights: compare the gradients themselves

@@ -10,6 +10,7 @@ import torch
 
 from mmgrpo.config.core import load_config
 from mmgrpo.registry import register_verifier
+from mmgrpo.train import microbatch
 from mmgrpo.train.trainer import Trainer
 
 BASE = [
@@ -83,7 +84,9 @@ def test_kl_in_the_reward_is_beta_times_the_episodes_summed_kl(tiny_model_dir, t
     tr = _trainer(tiny_model_dir, tmp_path, "grpo.kl_in=reward", "grpo.beta=0.5", "grpo.kl_estimator=k1")
     tr.train_step()  # the policy moves away from the reference
     batch, _, _ = tr.collect(4)
-    seq_kl, share = tr.reward_kl(batch.tokens, 4)  # (N,), float
+    seq_kl, share = microbatch.reward_kl(
+        tr.policy, tr.accelerator, batch.tokens, 4, tr.cfg.grpo
+    )  # (N,), float
     penalty = 0.5 * seq_kl  # (N,) what train_step subtracts from the rewards
     # one process: its share is the whole token-mean KL
     assert share == pytest.approx(float(seq_kl.sum()) / int(batch.tokens.loss_mask.sum()), rel=1e-5)

@@ -324,3 +324,24 @@ def remove_if_no_files(folder: Path | None) -> None:
         return
     if not any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def checkpointing_on(model) -> bool:
+    """Whether activation checkpointing is on (the attribute was renamed in transformers 5)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or hasattr(model, name):
+            return bool(getattr(model, name))
+    return False
+
+
+def looks_like_missing_folder(path: str | Path) -> bool:
+    """True when ``path`` is clearly meant as a local folder that is not there (an absolute or relative
+    path, or 'dir/name' whose 'dir' exists here), so that a typo fails at once instead of being sent to
+    the hub as a repository id (which retries for minutes on an offline machine)."""
+    p = Path(path).expanduser()
+    if p.exists():
+        return False
+    text = str(path)
+    if p.is_absolute() or text.startswith((".", "~")) or len(p.parts) > 2:
+        return True
+    return len(p.parts) == 2 and Path(p.parts[0]).is_dir()

@@ -35,7 +35,17 @@ from mmgrpo.model import engine
 from mmgrpo.model.adapters import adapter_for, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
-from mmgrpo.model.io import PRECISION, LoraSpec, disable_dropout, is_lora, load_model, save_model, stop_ids_of
+from mmgrpo.model.io import (
+    PRECISION,
+    LoraSpec,
+    checkpointing_on,
+    disable_dropout,
+    is_lora,
+    load_model,
+    looks_like_missing_folder,
+    save_model,
+    stop_ids_of,
+)
 from mmgrpo.model.tool_prompt import find_placement, with_tools_block
 
 _PROCESSOR_PLACEHOLDERS = (
@@ -142,7 +152,7 @@ class Policy:
     ) -> Policy:
         """Load a checkpoint folder, a hub id, or a saved LoRA adapter folder (see mmgrpo.model.io for
         what ``dtype`` means: trained weights stay fp32 and bf16/fp16 is the compute precision)."""
-        if _looks_like_missing_folder(path):
+        if looks_like_missing_folder(path):
             raise ConfigError(
                 f"model path '{path}' does not exist. Build the embedded model with `mmgrpo tiny-model "
                 f"{path}`, or give an existing checkpoint folder or a hub id such as Qwen/Qwen2.5-VL-3B-Instruct."
@@ -531,7 +541,7 @@ class Policy:
         if batch.vision.encoded is not None and not self._features_valid_for(reference):
             batch = dataclasses.replace(batch, vision=batch.vision.without_encoded())
         # the shared prefill needs a KV cache, which gradient checkpointing turns off in training passes
-        checkpointing = _checkpointing(unwrap(model)) and model.training
+        checkpointing = checkpointing_on(unwrap(model)) and model.training
         share = share_prompt and not batch.has_response_images and not checkpointing
         G = batch.shared_prompt_runs() if share else 1
         base_only = (
@@ -566,27 +576,6 @@ class Policy:
     def save(self, out_dir: str | Path, *, merged: bool = False) -> None:
         """Save the model and processor (a LoRA model: its adapter, or the merged model with ``merged``)."""
         save_model(unwrap(self.model), self.processor, out_dir, merged=merged)
-
-
-def _checkpointing(model) -> bool:
-    """Whether activation checkpointing is on (the attribute was renamed in transformers 5)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name) or hasattr(model, name):
-            return bool(getattr(model, name))
-    return False
-
-
-def _looks_like_missing_folder(path: str | Path) -> bool:
-    """True when ``path`` is clearly meant as a local folder that is not there (an absolute or relative
-    path, or 'dir/name' whose 'dir' exists here), so that a typo fails at once instead of being sent to
-    the hub as a repository id (which retries for minutes on an offline machine)."""
-    p = Path(path).expanduser()
-    if p.exists():
-        return False
-    text = str(path)
-    if p.is_absolute() or text.startswith((".", "~")) or len(p.parts) > 2:
-        return True
-    return len(p.parts) == 2 and Path(p.parts[0]).is_dir()
 
 
 def _text_of(content: list[dict] | str) -> str:

@@ -376,7 +376,7 @@ REBUILT_ON_RESUME = (
     "grpo.steps",  # compared only with a linear or cosine schedule, whose end it moves
 )
 """Keys the restored optimizer and scheduler state would override: the trainer sets them again from the
-new config after loading (``Trainer.rebuild_lr``); Adam's moments stay."""
+new config after loading (``mmgrpo.train.resume.rebuild_lr``); Adam's moments stay."""
 
 NO_EFFECT_ON_TRAINING = (
     "grpo.save_every",

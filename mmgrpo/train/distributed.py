@@ -12,9 +12,12 @@ single-process run computes exactly what it computed before multi-process suppor
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
+
+from mmgrpo.model.adapters import unwrap
 
 SUM_KEYS = frozenset(
     {
@@ -96,3 +99,14 @@ def reduce_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             total = sum(weights)
             out[key] = sum(w * v for w, v in zip(weights, values, strict=True)) / total if total else 0.0
     return out
+
+
+@contextlib.contextmanager
+def outside_ddp(policy):
+    """The policy's forwards run on the bare module inside the block (no DDP collectives)."""
+    wrapped = policy.model
+    policy.model = unwrap(wrapped)
+    try:
+        yield
+    finally:
+        policy.model = wrapped

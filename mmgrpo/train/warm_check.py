@@ -25,11 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
+from mmgrpo.config.sections import WarmStartConfig
 from mmgrpo.env import ChatEnv
 from mmgrpo.errors import WarmStartError
 from mmgrpo.model import engine
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import reset_group
+from mmgrpo.train.warmstart import demonstration_batch, warm_start
 
 EVAL_SEEDS = 0  # held-out tasks: the eval split's first seeds (disjoint from the warm start's)
 
@@ -113,7 +115,6 @@ def _info_of(env: ChatEnv, seed: int) -> dict:
 
 def _probe_passes(policy: Policy, env: ChatEnv, seeds: list[int]) -> list[bool]:
     """Per seed, whether greedy decoding reproduces its probe (every taught token the argmax)."""
-    from mmgrpo.train.warmstart import demonstration_batch
 
     batch = demonstration_batch(policy, env, seeds, random.Random(0), split="eval", play=env.skill_probe)
     logits = engine.response_logits_full(policy.model, policy.adapter, batch, policy.device)  # (N, T, V)
@@ -135,3 +136,78 @@ def _greedy_first_turns(
     )
     completions, _ = policy.generate(ids, mask, vision, max_new_tokens=max_new_tokens, temperature=0.0)
     return [(info, policy.decode(c)) for (_, info), c in zip(resets, completions, strict=True)]
+
+
+@dataclass
+class WarmStarted:
+    """The outcome of ``warm_start_and_check``: the last supervised loss, the steps run (fewer than
+    warm_start.steps when the skill arrived early) and the final skill check (None when not checked)."""
+
+    nll: float
+    steps: int
+    check: SkillCheck | None
+
+
+def warm_start_and_check(
+    policy: Policy,
+    make_env: Callable[[], ChatEnv],
+    w: WarmStartConfig,
+    *,
+    seed: int,
+    log: Callable[[dict], None],
+    progress: bool,
+    say: bool,
+) -> WarmStarted:
+    """The supervised cold start of ``w`` (see mmgrpo.train.warmstart), then the check of the skill it was
+    meant to teach: WarmStartError when it is missing. With ``check_every`` the skill is also measured
+    during the warm start, which stops once it is there. ``log`` receives the records of both; ``say``
+    prints the check's line."""
+    checks: list = []  # (steps so far, SkillCheck) of every check made
+    steps_run = {"n": 0}
+
+    def log_step(record: dict) -> None:
+        steps_run["n"] = record["step"]
+        log(record)
+
+    def measure(step: int):
+        check = check_skill(policy, make_env, source=w.source, template=w.target, tasks=w.check_tasks)
+        if check is not None:
+            checks.append((step, check))
+            log({"stage": "warm_start_check", "step": step, "rate": check.rate, "n": check.n})
+        return check
+
+    def done(step: int) -> bool:
+        check = measure(step)
+        return check is None or check.rate >= w.min_skill
+
+    nll = warm_start(
+        policy,
+        make_env,
+        steps=w.steps,
+        lr=w.lr,
+        batch_size=w.batch_size,
+        template=w.target,
+        low=w.random_low,
+        high=w.random_high,
+        seed=seed,
+        examples=w.examples,
+        random_share=w.random_share,
+        source=w.source,
+        train_vision=w.train_vision,
+        progress=progress,
+        log=log_step,
+        drill_steps=w.drill_steps,
+        drill_lr=w.drill_lr,
+        check_every=w.check_every if w.check_tasks > 0 and w.min_skill > 0 else 0,
+        done=done,
+    )
+    check = None
+    if w.check_tasks > 0:
+        # the last check, unless training went on after it (drills, then demonstrations)
+        last = checks[-1] if checks and checks[-1][0] == steps_run["n"] else None
+        check = last[1] if last is not None else measure(steps_run["n"])
+        if check is not None:
+            if say:
+                print(f"warm start: {check.line()} after {steps_run['n']} steps", flush=True)
+            require_skill(check, w.min_skill, steps=w.steps, lr=w.lr)
+    return WarmStarted(nll, steps_run["n"], check)
