@@ -716,8 +716,8 @@ def import_rss(what: str) -> dict[str, Any]:
     else:  # what the TRL worker imports: TRL plus mmgrpo's env, verifiers and adapters
         from trl import GRPOConfig, GRPOTrainer  # noqa: F401
 
-        import mmgrpo.model.adapters  # noqa: F401
         import mmgrpo.envs.counting  # noqa: F401
+        import mmgrpo.model.adapters  # noqa: F401
         import mmgrpo.registry  # noqa: F401
     return memory()
 

@@ -1,6 +1,8 @@
 """mmgrpo: GRPO for vision-language and text models, with environments and verifiers.
 
-Importing mmgrpo is cheap and has no side effects: the names below are loaded on first use.
+The public API, in one place: what plugin authors and users import (environments, tools, verifiers, the
+registry, config, training and evaluation). Importing mmgrpo is cheap and has no side effects: the names
+below are loaded on first use. docs/architecture.md shows where each lives.
 
     from mmgrpo import load_config, Trainer
     trainer = Trainer(load_config("examples/counting_tiny.yaml", ["model.path=runs/tiny-model"]))
@@ -24,12 +26,26 @@ _EXPORTS = {
     "SingleTurnEnv": "mmgrpo.env",
     "Task": "mmgrpo.env",
     "check_env": "mmgrpo.env",
+    "Shown": "mmgrpo.env",
+    "system": "mmgrpo.env",
+    "user": "mmgrpo.env",
+    "assistant": "mmgrpo.env",
+    "text_part": "mmgrpo.env",
+    "image_part": "mmgrpo.env",
+    "ToolEnv": "mmgrpo.envs.tool_env",
+    "GymChatEnv": "mmgrpo.envs.gym_adapter",
+    # tools
+    "Tool": "mmgrpo.tools",
+    "ToolRunner": "mmgrpo.tools",
+    "ToolResult": "mmgrpo.tools",
+    "make_tool": "mmgrpo.toolbox",
     # verifiers
     "Episode": "mmgrpo.verifier",
     "Verifier": "mmgrpo.verifier",
     "Rewards": "mmgrpo.verifier",
     "from_trl": "mmgrpo.verifier",
     "check_verifier": "mmgrpo.verifier",
+    "extract_tag": "mmgrpo.verifier",
     # registry
     "register_env": "mmgrpo.registry",
     "make_env": "mmgrpo.registry",
@@ -51,6 +67,8 @@ _EXPORTS = {
     "MmgrpoError": "mmgrpo.errors",
     "ConfigError": "mmgrpo.errors",
     "RegistryError": "mmgrpo.errors",
+    "DataError": "mmgrpo.errors",
+    "EnvError": "mmgrpo.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

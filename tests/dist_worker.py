@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from mmgrpo.model.adapters import unwrap
 from mmgrpo.config.core import load_config
+from mmgrpo.model.adapters import unwrap
 from mmgrpo.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmgrpo.grpo.advantages import group_advantages, group_stats
 from mmgrpo.errors import DataError
+from mmgrpo.grpo.advantages import group_advantages, group_stats
 
 # worked numbers: (rewards, advantages with std(N-1), advantages with std(N)); None = elided in the table.
 TABLE = [

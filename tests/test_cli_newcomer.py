@@ -139,7 +139,7 @@ def test_sft_overwrite_replaces_the_run_and_its_weights_are_readable_by_all(tiny
 
 # -------------------------------------------------------------------- item 5: threads and Ctrl-C
 def test_the_default_cpu_threads_leave_half_the_cores():
-    from mmgrpo.cli.app import default_cpu_threads
+    from mmgrpo.cli.threads import default_cpu_threads
 
     # a busy 2-core machine: one thread (two made a GRPO step 2-13x slower than one)
     assert [default_cpu_threads(c) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4, 4]
@@ -149,29 +149,30 @@ def test_the_default_cpu_threads_leave_half_the_cores():
 def test_cpu_threads_come_from_the_flag_then_omp_num_threads_then_the_default(monkeypatch, capsys):
     import torch
 
-    import mmgrpo.cli.app as cli
+    import mmgrpo.cli.threads as threads
+    from mmgrpo.cli.app import build_parser
 
     before = torch.get_num_threads()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(cli, "cpu_cores", lambda: 8)
-    monkeypatch.setattr(cli, "_THREADS_SAID", False)
+    monkeypatch.setattr(threads, "cpu_cores", lambda: 8)
+    monkeypatch.setattr(threads, "_THREADS_SAID", False)
     try:
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
-        cli.set_cpu_threads(None)  # the user's OMP_NUM_THREADS: torch has read it; nothing to do or say
+        threads.set_cpu_threads(None)  # the user's OMP_NUM_THREADS: torch has read it; nothing to do or say
         assert torch.get_num_threads() == before and capsys.readouterr().err == ""
         monkeypatch.delenv("OMP_NUM_THREADS")
-        cli.set_cpu_threads(None)
+        threads.set_cpu_threads(None)
         assert torch.get_num_threads() == 4
         assert capsys.readouterr().err == (
             "mmgrpo: 4 CPU threads (8 cores; --threads N or OMP_NUM_THREADS=N to change)\n"
         )
-        cli.set_cpu_threads(None)  # said once
+        threads.set_cpu_threads(None)  # said once
         assert capsys.readouterr().err == ""
-        cli.set_cpu_threads(2)
+        threads.set_cpu_threads(2)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    args = cli.build_parser().parse_args(["train", COUNTING, "--threads", "2"])
+    args = build_parser().parse_args(["train", COUNTING, "--threads", "2"])
     assert args.threads == 2
 
 

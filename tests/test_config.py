@@ -249,9 +249,7 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
 
 
 def test_import_is_light() -> None:
-    code = (
-        "import sys, mmgrpo.config.core; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
-    )
+    code = "import sys, mmgrpo.config.core; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from PIL import Image
 
-from mmgrpo import data as data_module
+from mmgrpo.data import records as data_module
 from mmgrpo.data.records import Record, check_records, model_image_size, open_image, read_records
 from mmgrpo.env import check_env, message_images, message_text
 from mmgrpo.envs import vqa as vqa_module

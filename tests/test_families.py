@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmgrpo.model.batch import TokenBatch, pad_right
 from mmgrpo.config.core import load_config
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.envs.text_math import TextMathEnv
+from mmgrpo.model.batch import TokenBatch, pad_right
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import rollout
 from mmgrpo.tiny.families import FAMILIES, VISION_FAMILIES, build_tiny_family

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from mmgrpo.cli.app import main
-from mmgrpo.errors import ConfigError
 from mmgrpo.cli.processes import choose_processes
+from mmgrpo.errors import ConfigError
 
 
 def test_the_process_count(monkeypatch):

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mmgrpo.rollout.evaluation import evaluate
 from mmgrpo.registry import make_env, make_verifier
+from mmgrpo.rollout.evaluation import evaluate
 from mmgrpo.verifier import Rewards
 
 
@@ -83,8 +83,8 @@ def test_eval_on_a_read_only_model_folder_prints_the_accuracy_then_one_line(
     accuracy (48bbbf8). Now the accuracy comes first, then one line saying eval.json could not be written."""
     import errno
 
-    from mmgrpo import evaluate as evaluate_module
     from mmgrpo.cli.app import main
+    from mmgrpo.rollout import evaluation as evaluate_module
 
     def read_only(result, where):
         raise OSError(errno.EROFS, "Read-only file system", str(where))

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgrpo.train.checkpoint import complete_checkpoints, damaged_file, resume_changes
 from mmgrpo.cli.app import main
+from mmgrpo.train.checkpoint import complete_checkpoints, damaged_file, resume_changes
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = str(ROOT / "examples" / "counting_tiny.yaml")

@@ -10,9 +10,9 @@ from PIL import Image
 from mmgrpo.env import assistant, system, text_part, tool, user
 from mmgrpo.errors import ConfigError
 from mmgrpo.model.policy import Policy
+from mmgrpo.model.tool_prompt import find_placement, tools_block, with_tools_block
 from mmgrpo.tiny.families import FAMILIES, GEMMA3_CHAT_TEMPLATE, VISION_FAMILIES, build_tiny_family
 from mmgrpo.tools.calls import tool_call_text
-from mmgrpo.model.tool_prompt import find_placement, tools_block, with_tools_block
 from mmgrpo.tools.runner import tool_schemas
 
 

@@ -136,7 +136,7 @@ def _alive(name: str) -> int:
 
 
 def test_a_hanging_tool_leaves_at_most_the_cap_of_threads_however_many_episodes_call_it():
-    from mmgrpo import tools
+    from mmgrpo.tools import runner as tools
 
     MAX_ABANDONED = getattr(tools, "MAX_ABANDONED", 8)  # noqa: N806  (48bbbf8 had no cap: 40 threads)
     before = threading.active_count()

@@ -159,8 +159,8 @@ def test_a_failed_final_save_leaves_the_earlier_one_intact(tiny_model_dir, tmp_p
     halfway leaves no half-written final/ and keeps the previous one."""
     import errno
 
-    from mmgrpo import model_io
     from mmgrpo.errors import ConfigError
+    from mmgrpo.model import io as model_io
 
     trainer = _trainer(tiny_model_dir, tmp_path)
     trainer.save(tmp_path / "final")

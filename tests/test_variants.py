@@ -13,15 +13,22 @@ import math
 import pytest
 import torch
 
-from mmgrpo.grpo.advantages import combine_advantages, group_advantages, group_size_at
 from mmgrpo.errors import DataError
+from mmgrpo.grpo.advantages import combine_advantages, group_advantages, group_size_at
 from mmgrpo.grpo.kl_control import (
     AdaptiveKLController,
     FixedKLController,
     kl_penalized_rewards,
     sequence_kl,
 )
-from mmgrpo.grpo.losses import KL_ESTIMATORS, LossOutput, grpo_loss, kl_estimate, token_entropy, token_logprobs
+from mmgrpo.grpo.losses import (
+    KL_ESTIMATORS,
+    LossOutput,
+    grpo_loss,
+    kl_estimate,
+    token_entropy,
+    token_logprobs,
+)
 from mmgrpo.verifier import Episode, Rewards, Verifier
 
 N, T = 6, 7
