@@ -3,9 +3,15 @@ URLs outside the configured bases refused before any connection is made."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gzip
 import json
+import socket
 import threading
 import time
+import tracemalloc
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -234,3 +240,242 @@ def test_bad_base_urls_are_config_errors(bases, message):
 def test_bad_settings_are_config_errors(settings, message):
     with pytest.raises(ConfigError, match=message):
         make_http_get(["http://127.0.0.1:8000"], **settings)
+
+
+# --- red team: servers that try to hold a call past its deadline or blow up the trainer's memory ------------
+# Each runs on a raw socket (no HTTP library on the server side), so it can send what no well-behaved server
+# would: headers one byte at a time, endless "100 Continue" answers, a body that never ends, compression bombs.
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    """The request's head (up to the blank line), as the server received it."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = conn.recv(4096)
+        if not data:
+            break
+        head += data
+    return head
+
+
+class RawServer:
+    """The base URL of a ``raw_server`` and the heads of the requests it received."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.requests: list[bytes] = []
+
+
+@contextlib.contextmanager
+def raw_server(behave):
+    """A TCP server on 127.0.0.1 that reads each request's head (kept in ``requests``), then hands the
+    connection to ``behave(conn, stop)`` in its own thread; ``stop`` is set when the test is done."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    stop = threading.Event()
+    server = RawServer(f"http://127.0.0.1:{listener.getsockname()[1]}")
+
+    def handle(conn):
+        with conn:
+            try:
+                server.requests.append(_read_request(conn))
+                behave(conn, stop)
+            except OSError:  # the client hung up (it gave up on us, as it should)
+                pass
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(2)
+        listener.close()
+
+
+def _timed_call(tool, url):
+    start = time.monotonic()
+    text = tool(url)
+    return text, time.monotonic() - start
+
+
+def _trickled_headers(conn, stop):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    for _ in range(50):  # 10 s of one header byte every 0.2 s: each read waits less than the 0.5 s timeout
+        if stop.wait(0.2):
+            return
+        conn.sendall(b"a")
+
+
+def _endless_continue(conn, stop):
+    for _ in range(100):  # 10 s of interim answers, each a complete response the client must read past
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if stop.wait(0.1):
+            return
+
+
+@pytest.mark.parametrize(
+    ("behave", "method"),
+    [(_trickled_headers, "GET"), (_endless_continue, "GET"), (_endless_continue, "POST")],
+    ids=["trickled-headers", "100-continue", "100-continue-post"],
+)
+def test_a_server_cannot_hold_the_call_in_the_header_phase(behave, method):
+    with raw_server(behave) as server:
+        # 0.5 s per wait, 1 s for the whole exchange
+        if method == "GET":
+            tool = make_http_get([server.url], timeout_s=0.5)
+            text, seconds = _timed_call(tool, server.url + "/x")
+        else:
+            tool = make_http_post_json([server.url], timeout_s=0.5)
+            text, seconds = _timed_call(lambda url: tool(url, {"q": 1}), server.url + "/x")
+    assert seconds < 2 * 0.5 + 0.5, f"took {seconds:.1f} s: {text}"
+    assert seconds < tool.timeout_s
+    assert text.startswith("error: timed out"), text
+    assert "did not finish answering within 1 s" in text
+
+
+def _trickled_body(conn, stop):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n")
+    for _ in range(10):  # one byte every 0.9 s: each read waits less than the 1 s timeout
+        if stop.wait(0.9):
+            return
+        conn.sendall(b"x")
+
+
+def test_a_body_trickled_past_the_deadline_is_cut_at_the_deadline():
+    with raw_server(_trickled_body) as server:
+        # 1 s per wait, 2 s in all: the bytes come at 0.9 and 1.8 s, then the next at 2.7 s is past the deadline
+        http_get = make_http_get([server.url], timeout_s=1.0)
+        text, seconds = _timed_call(http_get, server.url + "/x")
+    assert seconds < 2 * 1.0 + 0.5, f"took {seconds:.1f} s: {text}"
+    assert text.startswith("error: timed out"), text
+    assert "did not finish answering within 2 s" in text
+
+
+@functools.cache
+def _gzip_bomb(layers: int) -> bytes:
+    """100 MB of zeros gzipped (about 100 KB), then gzipped again ``layers - 1`` times (a few hundred bytes)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    body = b"".join([packer.compress(zeros) for _ in range(100)] + [packer.flush()])
+    for _ in range(layers - 1):
+        body = gzip.compress(body, 9)
+    return body
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "gzip, gzip"])
+def test_a_compression_bomb_is_cut_at_max_bytes_of_decoded_data(encoding):
+    bomb = _gzip_bomb(encoding.count("gzip"))
+
+    def send_bomb(conn, stop):
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            f"Content-Encoding: {encoding}\r\nContent-Length: {len(bomb)}\r\n\r\n"
+        )
+        conn.sendall(head.encode() + bomb)
+
+    with raw_server(send_bomb) as server:
+        http_get = make_http_get([server.url], timeout_s=5, max_bytes=1000)
+        tracemalloc.start()
+        try:
+            text, seconds = _timed_call(http_get, server.url + "/x")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    body, _, note = text.partition("\n[truncated")
+    assert body == "\0" * 1000, text[:200]
+    assert note == ": the body is longer than 1000 bytes]"
+    assert peak < 10 * 2**20, f"the call allocated up to {peak / 2**20:.0f} MB for a {len(bomb)}-byte answer"
+    assert seconds < 5
+
+
+def test_the_request_asks_for_an_uncompressed_answer():
+    def answer(conn, stop):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+
+    with raw_server(answer) as server:
+        assert make_http_get([server.url])(server.url + "/x") == "ok"
+    head = server.requests[0].decode().lower()
+    assert "\r\naccept-encoding: identity\r\n" in head, head
+
+
+def test_a_slow_name_lookup_is_cut_by_the_timeout(monkeypatch):
+    release = threading.Event()
+
+    def slow_getaddrinfo(*args, **kwargs):  # a resolver that does not answer (released when the test ends)
+        release.wait(10)
+        raise socket.gaierror("no answer")
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_getaddrinfo)
+    http_get = make_http_get(["http://slow.invalid"], timeout_s=0.5)
+    try:
+        text, seconds = _timed_call(http_get, "http://slow.invalid/x")
+    finally:
+        release.set()
+    assert seconds < 2 * 0.5 + 0.5, f"took {seconds:.1f} s: {text}"
+    assert text.startswith("error: timed out after 0.5 s waiting for http://slow.invalid/x"), text
+
+
+def test_host_names_are_looked_up(server):
+    base = server.url.replace("127.0.0.1", "localhost")  # maybe ::1 first, refused: then 127.0.0.1
+    assert make_http_get([base + "/api"], timeout_s=2)(base + "/api/text") == "plain text"
+
+
+def _answer_with(encoding: str, body: bytes, status: str = "200 OK"):
+    def answer(conn, stop):
+        head = f"HTTP/1.1 {status}\r\nContent-Encoding: {encoding}\r\nContent-Length: {len(body)}\r\n\r\n"
+        conn.sendall(head.encode() + body)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "expected"),
+    [
+        ("gzip", gzip.compress(b"hello"), "hello"),
+        ("x-gzip", gzip.compress(b"hello"), "hello"),
+        ("deflate", zlib.compress(b"hello"), "hello"),
+        ("deflate", zlib.compress(b"hello")[2:-4], "hello"),  # raw deflate, as some servers send it
+        ("gzip, gzip", gzip.compress(gzip.compress(b"hello")), "hello"),
+        ("identity, gzip", gzip.compress(b"hello"), "hello"),
+        ("gzip", gzip.compress(b"h" * 300_000), "h" * 300_000),  # several decoded chunks, under max_bytes
+    ],
+    ids=["gzip", "x-gzip", "deflate", "raw-deflate", "gzip-gzip", "identity-gzip", "gzip-300k"],
+)
+def test_answers_compressed_anyway_are_decoded(encoding, body, expected):
+    with raw_server(_answer_with(encoding, body)) as server:
+        assert make_http_get([server.url], max_bytes=400_000)(server.url + "/x") == expected
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "message"),
+    [
+        ("br", b"\x0b\x02\x80hello\x03", "is compressed (br); this tool cannot read it"),
+        ("gzip, gzip, gzip, gzip", b"x", "is compressed (4 layers); this tool cannot read it"),
+        ("gzip", b"this is not gzip", "could not decode the compressed answer"),
+    ],
+    ids=["br", "4-layers", "not-gzip"],
+)
+def test_unreadable_encodings_are_error_texts(encoding, body, message):
+    with raw_server(_answer_with(encoding, body)) as server:
+        text = make_http_get([server.url])(server.url + "/x")
+    assert text.startswith("error: ") and message in text, text
+
+
+def test_a_redirect_to_a_broken_url_is_an_error_text():
+    def answer(conn, stop):
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://[::1\r\nContent-Length: 0\r\n\r\n")
+
+    with raw_server(answer) as server:
+        text = make_http_get([server.url])(server.url + "/x")
+    assert text.startswith("error: could not get") and "Invalid URL in location header" in text, text

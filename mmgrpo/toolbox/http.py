@@ -7,17 +7,28 @@ schemes (``file://``), user info (``http://127.0.0.1:8000@evil.com`` is a reques
 segments, also percent-encoded ones. Redirects are not followed: a 3xx answer is reported with its target,
 which the model may request itself, through the same check.
 
-The body is streamed and reading stops at ``max_bytes`` (the text says it was cut); a JSON answer is returned
-compact; a non-2xx status, a timeout (per read, and for the whole answer) or a failed connection becomes an
-``error: ...`` text: the model's call was fine, the service was not. Proxies from the environment are ignored.
+Bounds, whatever the server does: no single wait (connecting, sending, each read) lasts more than
+``timeout_s``, and the whole exchange (name lookup, connection, request, headers, any number of interim
+``100 Continue`` answers, body) has ``2 * timeout_s``: a server that trickles its headers or body a byte at a
+time is cut at that deadline. The request asks for ``Accept-Encoding: identity``; an answer compressed anyway
+(``gzip``, ``deflate``, up to three layers) is decoded in bounded steps and reading stops at ``max_bytes`` of
+*decoded* data (the text says it was cut), so a compression bomb costs about ``max_bytes`` plus one chunk of
+memory. A JSON answer is returned compact; a non-2xx status, a timeout, a failed connection or an unreadable
+encoding becomes an ``error: ...`` text: the model's call was fine, the service was not. Proxies from the
+environment are ignored.
 
 ``httpx`` is imported when a tool is made, not when this module is imported.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
+import socket
+import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
@@ -28,6 +39,12 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _TEXT_TYPES = ("application/xml", "application/javascript", "application/x-www-form-urlencoded")
 ERROR_BODY_CHARS = 500
 """How much of the body of a non-2xx answer is shown."""
+_CHUNK = 64 * 1024
+"""The most bytes one decoding step produces, and the size of the pieces a request body is sent in."""
+_MAX_LAYERS = 3
+"""The most content encodings (``gzip, gzip, ...``) an answer may stack; each costs a decoder's memory."""
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""The content encodings read, and the ``wbits`` of their ``zlib`` decoder."""
 
 
 class _Policy:
@@ -56,6 +73,9 @@ class _Policy:
             self.bases.append((url.scheme, url.host.lower(), _port(url), url.path.rstrip("/")))
         self.first = httpx.URL(str(base_urls[0]).rstrip("/") + "/")
         self.described = ", ".join(self._show(b) for b in self.bases)
+        # made once per tool (loading the CA certificates takes a while), only if an https URL is allowed
+        needs_tls = any(scheme == "https" for scheme, *_ in self.bases)
+        self.ssl_context = httpx.create_ssl_context(trust_env=False) if needs_tls else None
 
     @staticmethod
     def _show(base: tuple[str, str, int, str]) -> str:
@@ -112,8 +132,8 @@ def make_http_get(
 ) -> Callable[[str], str]:
     """The ``http_get(url)`` tool, allowed to fetch only under ``base_urls`` (see the module docstring).
 
-    The function carries ``timeout_s`` (twice the read timeout, plus one second): the longest one call can
-    take; give the tool runner at least that much.
+    ``timeout_s`` bounds each wait, and twice that the whole exchange. The function carries ``timeout_s``
+    (``2 * timeout_s + 1``): the longest one call can take; give the tool runner at least that much.
     """
     _check_settings(name, timeout_s, max_bytes)
     policy = _Policy(base_urls, name)
@@ -186,24 +206,285 @@ def _request(
     target = policy.check(url)
     if method == "POST" and not isinstance(data, dict):
         raise ValueError(f"data must be a JSON object, got {type(data).__name__}")
-    deadline = time.monotonic() + 2 * timeout_s  # for the whole answer: a slow trickle cannot hold us
+    # The whole exchange gets 2 * timeout_s. httpx's timeouts are per wait (a server sending one byte, or
+    # one "100 Continue", every timeout_s - 0.01 s never trips them), so the network layer under httpx
+    # (``_Budget``) gives every single wait at most what is left of the total and fails once nothing is
+    # left: the deadline holds in the header phase too, where no loop of ours runs. This runs in the
+    # caller's thread; a watchdog thread closing the socket at the deadline would race with the reading
+    # thread (close() does not wake a blocked read on Linux, and the descriptor's number can be reused).
+    total = 2 * timeout_s
+    budget = _Budget(total)
     body, cut = bytearray(), False
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
+        with httpx.Client(
+            transport=_transport(budget, policy.ssl_context),
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            headers={"Accept-Encoding": "identity"},  # the configured ``headers`` may still ask otherwise
+        ) as client:
             with client.stream(method, target, json=data, headers=headers) as response:
-                for chunk in response.iter_bytes():
+                codings = [
+                    c.strip().lower()
+                    for c in response.headers.get_list("content-encoding", split_commas=True)
+                    if c.strip().lower() not in ("", "identity")
+                ]
+                unreadable = [c for c in codings if c not in _DECODERS]
+                if unreadable or len(codings) > _MAX_LAYERS:
+                    what = ", ".join(codings) if len(codings) <= _MAX_LAYERS else f"{len(codings)} layers"
+                    return f"error: the answer from {target} is compressed ({what}); this tool cannot read it"
+                chunks = response.iter_raw()
+                for coding in reversed(codings):  # the last encoding applied is undone first
+                    chunks = _inflate(chunks, coding)
+                for chunk in chunks:  # decoded data, never more than _CHUNK bytes at a time
                     body += chunk
                     if len(body) > max_bytes:
                         del body[max_bytes:]
                         cut = True
                         break
-                    if time.monotonic() > deadline:
-                        return f"error: {target} did not finish answering within {2 * timeout_s:g} s"
-    except httpx.TimeoutException:
-        return f"error: timed out after {timeout_s:g} s waiting for {target}"
-    except httpx.HTTPError as e:
+                    if budget.left() <= 0:
+                        budget.expired = True
+                        break
+                if budget.expired:
+                    return _out_of_time(target, total)
+    except Exception as e:  # every failure of the exchange is data for the model, never raised
+        if budget.expired:
+            return _out_of_time(target, total)
+        if isinstance(e, zlib.error):
+            return f"error: could not decode the compressed answer from {target}: {e}"
+        if _is_timeout(e):
+            return f"error: timed out after {timeout_s:g} s waiting for {target}"
         return f"error: could not get {target}: {type(e).__name__}: {e}"
-    return _describe(response, target, bytes(body), cut, max_bytes)
+    try:
+        return _describe(response, target, bytes(body), cut, max_bytes)
+    except Exception as e:  # a header httpx cannot make sense of, say
+        return f"error: could not read the answer from {target}: {type(e).__name__}: {e}"
+
+
+def _out_of_time(target: Any, total: float) -> str:
+    return f"error: timed out: {target} did not finish answering within {total:g} s"
+
+
+def _is_timeout(e: Exception) -> bool:
+    import httpcore
+    import httpx
+
+    return isinstance(e, (httpx.TimeoutException, httpcore.TimeoutException))
+
+
+def _inflate(chunks: Any, coding: str) -> Any:
+    """Undo one layer of ``gzip`` or ``deflate`` on a stream of chunks, yielding at most ``_CHUNK`` bytes at
+    a time however much the input expands (``zlib``'s ``max_length``; the rest of the input waits in
+    ``unconsumed_tail``), so the reader can stop at its limit having held one chunk per layer. Data after the
+    end of the compressed stream is ignored, as httpx does."""
+    wbits = _DECODERS[coding]
+    decoder = zlib.decompressobj(wbits)
+    started = False
+    for data in chunks:
+        while not decoder.eof:
+            try:
+                out = decoder.decompress(data, _CHUNK)
+            except zlib.error:
+                if coding != "deflate" or started:
+                    raise
+                decoder = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, without the zlib wrapper
+                started = True
+                continue
+            started = True
+            data = decoder.unconsumed_tail
+            if out:
+                yield out
+            if not data and len(out) < _CHUNK:  # input used up and nothing held back: the next chunk
+                break
+        if decoder.eof:
+            return
+
+
+class _Budget:
+    """What is left of the exchange's total time; ``expired`` once a wait was cut short by it."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+        self.expired = False
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def wait(self, timeout: float | None, error: type[Exception], call: Callable[[float], Any]) -> Any:
+        """``call(seconds)``, a blocking step allowed ``timeout`` seconds but never more than is left; raises
+        ``error`` (an httpcore timeout) at once when nothing is left."""
+        left = self.left()
+        if left <= 0:
+            self.expired = True
+            raise error("the deadline for the whole exchange has passed")
+        capped = timeout is None or left < timeout
+        try:
+            return call(left if capped else timeout)
+        except error:
+            self.expired = self.expired or capped
+            raise
+
+
+class _Stream:
+    """An httpcore network stream whose every read, write and TLS handshake is limited by the budget."""
+
+    def __init__(self, stream: Any, budget: _Budget):
+        self._stream, self._budget = stream, budget
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        import httpcore
+
+        return self._budget.wait(timeout, httpcore.ReadTimeout, lambda t: self._stream.read(max_bytes, t))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        import httpcore
+
+        # in pieces, each within the budget: a slow reader cannot stretch one long send past the deadline
+        for i in range(0, len(buffer), _CHUNK):
+            piece = buffer[i : i + _CHUNK]
+            self._budget.wait(timeout, httpcore.WriteTimeout, lambda t, p=piece: self._stream.write(p, t))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
+        import httpcore
+
+        def handshake(t: float) -> Any:
+            return self._stream.start_tls(ssl_context, server_hostname, t)
+
+        return _Stream(self._budget.wait(timeout, httpcore.ConnectTimeout, handshake), self._budget)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _Backend:
+    """httpcore's network backend, with the name lookup and every connection attempt within the budget."""
+
+    def __init__(self, budget: _Budget):
+        import httpcore
+
+        self._budget, self._backend = budget, httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> _Stream:
+        import httpcore
+
+        error: Exception | None = None
+        for address in self._addresses(host, port, timeout):
+            try:
+                stream = self._budget.wait(
+                    timeout,
+                    httpcore.ConnectTimeout,
+                    lambda t, a=address: self._backend.connect_tcp(a, port, t, local_address, socket_options),
+                )
+                return _Stream(stream, self._budget)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as e:
+                if self._budget.expired:
+                    raise
+                error = e  # the next address, if any
+        assert error is not None
+        raise error
+
+    def _addresses(self, host: str, port: int, timeout: float | None) -> list[str]:
+        """The host's addresses. ``getaddrinfo`` takes no timeout and cannot be interrupted, so a name is
+        looked up in a daemon thread that is left behind if it takes too long (it ends when the resolver
+        gives up; it holds no socket of ours)."""
+        import httpcore
+
+        try:
+            ipaddress.ip_address(host)
+            return [host]
+        except ValueError:
+            pass
+        found: dict[str, Any] = {}
+        done = threading.Event()
+
+        def look_up() -> None:
+            try:
+                found["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except Exception as e:
+                found["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=look_up, name=f"http tool: resolve {host}", daemon=True).start()
+
+        def wait(seconds: float) -> None:
+            if not done.wait(seconds):
+                raise httpcore.ConnectTimeout(f"looking up {host} took more than {seconds:.3g} s")
+
+        self._budget.wait(timeout, httpcore.ConnectTimeout, wait)
+        if "error" in found:
+            raise httpcore.ConnectError(f"could not look up {host}: {found['error']}")
+        return list(dict.fromkeys(str(info[4][0]) for info in found["infos"]))
+
+    def sleep(self, seconds: float) -> None:  # used by httpcore between retries (none are configured)
+        time.sleep(max(0.0, min(seconds, self._budget.left())))
+
+
+def _transport(budget: _Budget, ssl_context: Any) -> Any:
+    """An httpx transport over httpcore's connection pool with the budgeted network backend. httpx's own
+    ``HTTPTransport`` takes no network backend, so this is its ``handle_request`` again, in public API only;
+    httpcore's exceptions come through as they are (``_request`` turns every exception into text)."""
+    import httpcore
+
+    pool = httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=_Backend(budget))
+    return _transport_class()(pool)
+
+
+@functools.cache
+def _transport_class() -> type:
+    import httpcore
+    import httpx
+
+    class Body(httpx.SyncByteStream):
+        def __init__(self, stream: Any):
+            self._stream = stream
+
+        def __iter__(self) -> Any:
+            yield from self._stream
+
+        def close(self) -> None:
+            self._stream.close()
+
+    class Transport(httpx.BaseTransport):
+        def __init__(self, pool: Any):
+            self._pool = pool
+
+        def handle_request(self, request: Any) -> Any:
+            url = request.url
+            response = self._pool.handle_request(
+                httpcore.Request(
+                    method=request.method,
+                    url=httpcore.URL(
+                        scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+                    ),
+                    headers=request.headers.raw,
+                    content=request.stream,
+                    extensions=request.extensions,
+                )
+            )
+            return httpx.Response(
+                status_code=response.status,
+                headers=response.headers,
+                stream=Body(response.stream),
+                extensions=response.extensions,
+            )
+
+        def close(self) -> None:
+            self._pool.close()
+
+    return Transport
 
 
 def _describe(response: Any, target: Any, body: bytes, cut: bool, max_bytes: int) -> str:
