@@ -35,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mmgrpo.errors import ConfigError, did_you_mean
-from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY
+from mmgrpo.toolbox import bwrap, cgroups, seccomp
+from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
 
 __all__ = [
     "LIMIT_NAMES",
@@ -62,9 +63,9 @@ _TMPFS = (
     'mount -t tmpfs -o "size=${1}m,mode=700" mmgrpo-sandbox "$2" && cd "$2" || exit 97; shift 2; exec "$@"',
     "sh",
 )
-EXIT_SETUP = 97
-"""Exit status of the namespace setup when the tmpfs could not be mounted."""
 ISOLATION_LEVELS = ("tmpfs", "namespaces", "none")
+STARTUP_S = 0.5
+"""Added to a bubblewrap run's deadline for the sandbox's own start-up (about 0.15-0.3 s measured here)."""
 _isolation: str | None = None
 _isolation_lock = threading.Lock()
 
@@ -144,17 +145,18 @@ def run_python(
     max_processes: int = 32,
     max_open_files: int = 64,
     max_output_chars: int = 2000,
+    weak_sandbox: bool = False,
     namespaces: bool | None = None,
     audit_guard: bool = True,
 ) -> SandboxResult:
-    """Run ``code`` with ``python3 -I -S`` in a fresh temporary directory, within the limits; never raises for
-    anything the code does (only for bad arguments).
+    """Run ``code`` with ``python3 -I -S`` inside bubblewrap (:mod:`mmgrpo.toolbox.bwrap`), within the limits;
+    never raises for anything the code does (only for bad arguments). Where the boundary cannot be set up the
+    run does not start (``killed_reason="not started"``, stderr says why).
 
-    ``disk_mb`` is the size of the tmpfs working directory (isolation level ``"tmpfs"`` only; elsewhere only
-    ``file_size_mb`` per file holds). ``max_processes`` is set as ``RLIMIT_NPROC`` only inside a user
-    namespace, where it counts the sandbox's own processes; root ignores it in any case. ``namespaces`` None
-    uses them when available, True requires them (RuntimeError otherwise), False never. ``audit_guard=False``
-    leaves out the Python-level guard: only for testing the OS-level limits on their own.
+    ``weak_sandbox=True`` runs without bubblewrap instead: ``unshare`` namespaces where they work
+    (``namespaces`` None: when available, True: required, False: never) and the Python guard; not a
+    boundary against code written to get out (docs/sandbox.md). ``audit_guard=False`` leaves out the
+    Python-level guard: what code that switched it off would have (the red-team tests run that way).
     """
     if not isinstance(code, str):
         raise ValueError(f"code must be a string, got {type(code).__name__}")
@@ -170,6 +172,19 @@ def run_python(
         max_open_files=max_open_files,
         max_output_chars=max_output_chars,
     )
+    if not weak_sandbox:
+        return _run_bwrap(
+            code,
+            cpu_seconds=cpu_seconds,
+            wall_seconds=wall_seconds,
+            memory_mb=memory_mb,
+            file_size_mb=file_size_mb,
+            disk_mb=disk_mb,
+            max_processes=max_processes,
+            max_open_files=max_open_files,
+            max_output_chars=max_output_chars,
+            audit_guard=audit_guard,
+        )
     level = isolation_level() if namespaces is not False else "none"
     if namespaces and level == "none":
         raise RuntimeError("namespaces=True, but `unshare --user --net --pid` does not work on this machine")
@@ -189,7 +204,7 @@ def run_python(
             sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP, workdir, source,
             str(cpu), str(int(memory_mb) << 20), str(int(file_size_mb) << 20),
             str(int(max_processes) if use_ns else -1), str(int(max_open_files)), str(int(audit_guard)),
-            str(status_w),
+            str(status_w), "0",
         ]  # fmt: skip
         if level == "tmpfs":
             argv = [*_UNSHARE, *_TMPFS, str(int(disk_mb)), workdir, *argv]
@@ -246,6 +261,95 @@ def run_python(
     )
 
 
+def _run_bwrap(
+    code: str,
+    *,
+    cpu_seconds,
+    wall_seconds,
+    memory_mb,
+    file_size_mb,
+    disk_mb,
+    max_processes,
+    max_open_files,
+    max_output_chars,
+    audit_guard,
+) -> SandboxResult:
+    """One run inside bubblewrap, in a cgroup of its own where the machine allows one."""
+    start = time.monotonic()
+    try:
+        boundary = bwrap.boundary()
+        outer, inner = seccomp.outer_filter(), seccomp.inner_filter()
+    except (bwrap.Unavailable, seccomp.SeccompUnavailable) as e:
+        return SandboxResult("", f"the sandbox could not be set up: {e}", None, "not started", 0.0)
+    cpu = max(1, round(cpu_seconds))  # RLIMIT_CPU counts whole seconds
+    memory, disk = int(memory_mb) << 20, int(disk_mb) << 20
+    # the tmpfs's pages are charged to the group that writes them: room for both; +3 for bwrap's processes
+    group = cgroups.create(memory + disk, int(max_processes) + 3)
+    nproc = -1 if group is not None else int(max_processes)
+    args = [
+        "-I", "-S", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP, bwrap.WORKDIR, f"{bwrap.WORKDIR}/main.py",
+        str(cpu), str(memory), str(int(file_size_mb) << 20), str(nproc), str(int(max_open_files)),
+        str(int(audit_guard)), "-1", "1", inner.hex(),
+    ]  # fmt: skip
+    code_fd, filter_fd = bwrap.memfd(code.encode("utf-8", errors="surrogatepass")), bwrap.memfd(outer)
+    argv = boundary.command(code_fd=code_fd, seccomp_fd=filter_fd, disk_bytes=disk, args=args)
+    if group is not None:  # the first process joins the group, then becomes setpriv / bwrap
+        argv = ["/bin/sh", "-c", group.join_script() + 'exec "$@"', "sh", *argv]
+    oom = False
+    try:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(code_fd, filter_fd),
+            )
+        except OSError as e:
+            return SandboxResult(
+                "", f"could not start the sandbox: {e}", None, "not started", time.monotonic() - start
+            )
+        finally:
+            os.close(code_fd)
+            os.close(filter_fd)
+        deadline = start + STARTUP_S + wall_seconds  # wall_seconds is the program's, not the sandbox's start-up
+        out, err, returncode, cpu_used, reason = _supervise(proc, deadline, int(max_output_chars))
+    finally:
+        if group is not None:
+            oom = group.oom_killed()
+            cpu_used = group.cpu_seconds() or cpu_used  # every process of the run (rusage sees bwrap's only)
+            group.close()
+    if returncode is not None and 128 < returncode < 128 + 65:  # bwrap reports a signal as 128 + its number
+        returncode = -(returncode - 128)
+    if reason is None and (
+        returncode in (EXIT_SETUP, 96) or (returncode == 1 and err[0].startswith("bwrap:"))
+    ):
+        reason = "sandbox setup failed"
+    if reason is None and (oom or returncode == EXIT_MEMORY):
+        reason = "memory limit"
+    if reason is None and returncode is not None and returncode < 0:
+        sig = -returncode
+        if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_used >= cpu - 0.1:
+            reason = "CPU time limit"
+        else:
+            reason = f"signal {_signal_name(sig)}"
+    (stdout, stdout_cut), (stderr, stderr_cut) = out, err
+    return SandboxResult(
+        stdout=stdout,
+        stderr=stderr,
+        returncode=returncode,
+        killed_reason=reason,
+        seconds=time.monotonic() - start,
+        cpu_seconds=cpu_used,
+        isolation="bwrap" + ("+cgroup" if group is not None else ""),
+        stdout_cut=stdout_cut,
+        stderr_cut=stderr_cut,
+    )
+
+
 def _reported_status(status_r: int) -> int | None:
     """The code's exit status as its pid namespace's init reported it; None when it reported none (init
     itself was killed: the wall-clock or output limit, or the setup failed)."""
@@ -266,6 +370,7 @@ LIMIT_NAMES = (
     "max_processes",
     "max_open_files",
     "max_output_chars",
+    "weak_sandbox",
     "namespaces",
     "audit_guard",
 )
@@ -292,9 +397,20 @@ def make_python_tool(*, name: str = "python", **limits) -> Callable[[str], str]:
             f"Known settings: {', '.join(LIMIT_NAMES)}"
         )
     try:
-        _check_limits(**{k: v for k, v in limits.items() if k not in ("namespaces", "audit_guard")})
+        _check_limits(
+            **{k: v for k, v in limits.items() if k not in ("weak_sandbox", "namespaces", "audit_guard")}
+        )
     except ValueError as e:
         raise ConfigError(f"python tool: {e}") from None
+    if not limits.get("weak_sandbox", False):
+        problem = bwrap.problem()
+        if problem is not None:
+            raise ConfigError(
+                f"python tool: its sandbox cannot be set up here: {problem}. Or accept running model-written "
+                "code without it (not a security boundary) with the tool setting weak_sandbox: true"
+            )
+    else:
+        _say_weak(name)
     max_chars = limits.get("max_output_chars", 2000)
     wall = limits.get("wall_seconds", 5)
 
@@ -312,6 +428,25 @@ def make_python_tool(*, name: str = "python", **limits) -> Callable[[str], str]:
     python.__name__ = python.__qualname__ = name
     python.timeout_s = wall + 5  # type: ignore[attr-defined]
     return python
+
+
+_weak_said: set[str] = set()
+
+
+def _say_weak(name: str) -> None:
+    """The loud line of a run that accepted the weak sandbox (once per tool name and process)."""
+    if name in _weak_said:
+        return
+    _weak_said.add(name)
+    problem = bwrap.problem()
+    line = (
+        f"mmgrpo: WARNING: the {name!r} tool runs model-written code WITHOUT its OS sandbox (weak_sandbox: true"
+        + (f"; {problem}" if problem else "")
+        + "): only namespaces where unshare works and a Python guard that code can switch off stand between it "
+        "and this machine. Install bubblewrap and drop weak_sandbox for training (docs/sandbox.md)."
+    )
+    print(line, file=sys.stderr, flush=True)
+    warnings.warn(line, RuntimeWarning, stacklevel=3)
 
 
 def format_result(result: SandboxResult, max_chars: int = 2000) -> str:

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 EXIT_MEMORY = 101
 """Exit status the bootstrap uses when the code ran out of memory (a MemoryError nobody caught)."""
+EXIT_SETUP = 97
+"""Exit status when the sandbox could not be set up (a namespace mount, or the inner seccomp filter)."""
 
 # --------------------------------------------------------------------------------------------- the child
-# Run as ``python -I -S -B -u -X utf8 -c BOOTSTRAP workdir source cpu as fsize nproc nofile guard status_fd``
+# Run as ``python -I -S -B -u -X utf8 -c BOOTSTRAP workdir source cpu as fsize nproc nofile guard status_fd
+# preload [inner_filter_hex]``
 # in workdir.
 # It sets the limits, reads main.py, installs the guard and runs the code as __main__. The guard is built
 # by exec'ing _GUARD in a namespace with no builtins: everything it uses is a parameter of install(), so that
@@ -180,7 +183,8 @@ BOOTSTRAP = r"""
 def _main():
     import sys, os, io, resource, builtins, posix
     workdir, source_path = sys.argv[1:3]
-    cpu, mem, fsize, nproc, nofile, guard, status_fd = (int(x) for x in sys.argv[3:10])
+    cpu, mem, fsize, nproc, nofile, guard, status_fd, preload = (int(x) for x in sys.argv[3:11])
+    inner_filter = bytes.fromhex(sys.argv[11]) if len(sys.argv) > 11 else b""
     if status_fd >= 0:  # pid 1 of a new pid namespace: stay as its init, run the code in a child
         child = os.fork()
         if child:
@@ -214,6 +218,31 @@ def _main():
     limit(R.RLIMIT_NOFILE, nofile)
     limit(R.RLIMIT_CORE, 0)
     limit(R.RLIMIT_NPROC, nproc)
+    if preload:  # every extension module now: once the inner filter is on, no native code can be mapped
+        import importlib
+        skip = ("_tkinter", "_curses", "_curses_panel", "readline", "_ctypes_test", "_testcapi")
+        for folder in [p for p in sys.path if p.endswith("lib-dynload")]:
+            for entry in sorted(os.listdir(folder)):
+                name = entry.split(".")[0]
+                if entry.endswith(".so") and name not in skip and not name.startswith(("_test", "xx", "_xx")):
+                    try:
+                        importlib.import_module(name)
+                    except Exception:
+                        pass
+    if inner_filter:  # no execve, no PROT_EXEC mappings from here on (mmgrpo.toolbox.seccomp.inner_filter)
+        import ctypes
+
+        class Program(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        code_buf = ctypes.create_string_buffer(inner_filter, len(inner_filter))
+        prog = Program(len(inner_filter) // 8, ctypes.cast(code_buf, ctypes.c_void_p))
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (bubblewrap set it already)
+        if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            sys.stderr.write("sandbox: the inner seccomp filter could not be loaded\n")
+            os._exit(EXIT_SETUP)
+        del Program, libc, code_buf, prog
     sys.argv = ["main.py"]
     sys.stdin = io.StringIO()
     if guard:
@@ -241,6 +270,8 @@ def _main():
             PermissionError, ImportError, OSError, type, str, bytes, int, list,
         )
         del space
+        for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+            del sys.modules[name]  # loaded by the bootstrap: an import of them goes through the guard again
     main = type(sys)("__main__")
     main.__file__ = "main.py"
     main.__builtins__ = builtins
@@ -274,6 +305,8 @@ def _main():
 
 _main()
 """
-BOOTSTRAP = BOOTSTRAP.replace("compile(_GUARD", f"compile({_GUARD!r}").replace(
-    "os._exit(EXIT_MEMORY)", f"os._exit({EXIT_MEMORY})"
+BOOTSTRAP = (
+    BOOTSTRAP.replace("compile(_GUARD", f"compile({_GUARD!r}")
+    .replace("os._exit(EXIT_MEMORY)", f"os._exit({EXIT_MEMORY})")
+    .replace("os._exit(EXIT_SETUP)", f"os._exit({EXIT_SETUP})")
 )

@@ -1,0 +1,403 @@
+"""Red team: model-written code tries to get out of the python tool's sandbox, one test per class of attack
+found against the old sandbox (issue 19). Every attack runs with the Python guard switched off
+(``audit_guard=False``), since code can switch it off from inside: what holds here is the operating
+system's boundary (bubblewrap, seccomp, cgroups). Each is refused or contained, the tool returns an
+observation, and the caller goes on. CI installs bubblewrap, so these run on the strong path.
+(The HTTP tools' attacks, slow headers and compression bombs, are in tests/test_http_tools.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mmgrpo.errors import ConfigError
+from mmgrpo.toolbox import bwrap, cgroups
+from mmgrpo.toolbox.sandbox import format_result, make_python_tool, run_python
+from mmgrpo.tools import ToolRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(
+    bwrap.problem() is not None, reason=f"no strong sandbox here: {bwrap.problem()} (CI installs it)"
+)
+
+
+def run(code: str, **limits) -> tuple[str, object]:
+    """The observation the model would get, and the result; the guard is off (as if tampered with)."""
+    result = run_python(textwrap.dedent(code), audit_guard=False, **limits)
+    return format_result(result, 4000), result
+
+
+def sandbox_processes() -> list[int]:
+    """Host pids of living processes running a sandboxed program (its bootstrap names /sandbox/main.py)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                state = Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()[0]
+            except OSError:
+                continue
+            if b"/sandbox/main.py" in cmdline and state != "Z":
+                found.append(int(entry))
+    return found
+
+
+# ------------------------------------------------------------------- the guard switched off changes nothing
+def test_code_without_the_guard_cannot_reach_the_trainer_its_environment_or_the_host(tmp_path):
+    """The old escape: tamper with the audit hook, then write a .pth into the trainer's site-packages (it ran
+    as root in the next process). Now the trainer's environment, the project and the host's files are not
+    there at all, and what is there is read-only."""
+    purelib = sysconfig.get_paths()["purelib"]
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    targets = {
+        "pth": f"{purelib}/mmgrpo_evil.pth",
+        "project": str(ROOT / "README.md"),
+        "secret": str(secret),
+        "passwd": "/etc/passwd",
+        "root": "/root/x",
+        "usr": "/usr/bin/mmgrpo-evil",
+    }
+    text, result = run(
+        f"""
+        import json, os
+        out = {{}}
+        for name, path in {targets!r}.items():
+            for mode in ("r", "w"):
+                try:
+                    with open(path, mode) as f:
+                        f.write("import os") if mode == "w" else f.read()
+                    out[name + mode] = "DONE"
+                except OSError as e:
+                    out[name + mode] = type(e).__name__
+        out["listing"] = sorted(os.listdir("/"))
+        print(json.dumps(out))
+        """
+    )
+    out = json.loads(result.stdout)
+    assert "DONE" not in out.values(), out
+    assert out["listing"] == ["bin", "dev", "lib", "lib64", "proc", "sandbox", "sbin", "usr"]
+    assert not Path(targets["pth"]).exists() and not Path("/usr/bin/mmgrpo-evil").exists()
+    assert "s3cret" not in text
+
+
+# ------------------------------------------------------------------------------------------- native code
+def test_native_code_written_to_the_working_directory_cannot_run():
+    """A shared object written into the working directory (here: a copy of a stdlib extension under a new
+    name) cannot be mapped, and a program written there cannot be started."""
+    text, result = run(
+        """
+        import glob, importlib.machinery, importlib.util, os, shutil, sys
+        lib = sorted(glob.glob([p for p in sys.path if p.endswith("lib-dynload")][0] + "/*.so"))[0]
+        shutil.copy(lib, "evil.so")
+        name = os.path.basename(lib).split(".")[0]
+        try:
+            spec = importlib.util.spec_from_file_location(name, "evil.so")
+            importlib.util.module_from_spec(spec)
+            print("LOADED so")
+        except Exception as e:
+            print("so refused:", type(e).__name__, e)
+        shutil.copy("/usr/bin/true", "evil")
+        os.chmod("evil", 0o755)
+        try:
+            os.execv("./evil", ["evil"])
+        except OSError as e:
+            print("exec refused:", type(e).__name__, e)
+        """
+    )
+    assert "LOADED" not in text and "so refused" in text, text
+    assert "exec refused: PermissionError" in text, text
+
+
+def test_native_code_from_the_stdlib_tree_or_the_system_cannot_be_loaded():
+    """ctypes can still call what is already mapped, but no new library can be mapped (no PROT_EXEC after
+    start-up), and raw system calls through it meet the seccomp filter."""
+    text, result = run(
+        """
+        import ctypes, glob, os
+        maps = open("/proc/self/maps").read()
+        libs = [p for p in sorted(glob.glob("/usr/lib/*-linux-gnu/lib*.so.*")) if os.path.realpath(p) not in maps]
+        try:
+            ctypes.CDLL(libs[0])
+            print("LOADED", libs[0])
+        except OSError as e:
+            print("dlopen refused:", e)
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("ptrace:", libc.syscall(101, 16, 1, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH pid 1
+        print("unshare:", libc.syscall(272, 0x10000000), ctypes.get_errno())  # CLONE_NEWUSER
+        """
+    )
+    assert "LOADED" not in text and "dlopen refused" in text, text
+    assert "ptrace: -1 1" in text and "unshare: -1 1" in text, text  # EPERM from the filter
+
+
+# ------------------------------------------------------------------------------------ root-owned files
+def test_nothing_is_root_inside_and_read_only_files_stay_read_only():
+    text, result = run(
+        """
+        import os
+        caps = [l for l in open("/proc/self/status") if l.startswith(("CapEff", "Uid"))]
+        print("".join(caps), end="")
+        open("ro.txt", "w").write("x")
+        os.chmod("ro.txt", 0o444)
+        for path in ("ro.txt", "/usr/bin/true"):
+            try:
+                open(path, "a").write("y")
+                print("WROTE", path)
+            except OSError as e:
+                print("refused", path, type(e).__name__)
+        """
+    )
+    assert "CapEff:\t0000000000000000" in text, text
+    assert "WROTE" not in text and "refused ro.txt PermissionError" in text, text
+
+
+def test_the_sandbox_runs_as_an_unprivileged_uid_on_the_host():
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from mmgrpo.toolbox.sandbox import run_python; run_python('import time; time.sleep(3)')",
+        ]
+    )
+    try:
+        uids = []
+        while time.monotonic() - started < 10 and not uids:
+            uids = [
+                Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[:2]
+                for p in sandbox_processes()
+            ]
+            time.sleep(0.05)
+        assert uids, "the sandboxed program was never seen"
+        assert all(u != ["0", "0"] and "0" not in u for u in uids), uids
+    finally:
+        proc.wait(timeout=20)
+
+
+# ------------------------------------------------------------------------------------ other processes
+def test_the_trainer_and_host_processes_cannot_be_signalled():
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        text, result = run(
+            f"""
+            import os, signal
+            for pid in ({os.getpid()}, {bystander.pid}, 1):
+                try:
+                    os.kill(pid, 0)
+                    print("SEES", pid)
+                except OSError as e:
+                    print("kill", pid, type(e).__name__)
+                try:
+                    fd = os.pidfd_open(pid)
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    print("PIDFD", pid)
+                except OSError as e:
+                    print("pidfd", pid, type(e).__name__)
+            os.kill(-1, signal.SIGKILL)  # everything it may signal: only the sandbox's own processes
+            """
+        )
+        assert "PIDFD" not in text and "SEES " + str(os.getpid()) not in text, text
+        assert "pidfd" in text and "PermissionError" in text, text
+        assert bystander.poll() is None  # still running, and so is this process
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+# ------------------------------------------------------------------------------------- the filesystem
+def test_a_chdir_race_reaches_nothing_outside(tmp_path):
+    """The old path check could be raced (a thread's chdir against another's relative open). With nothing of
+    the host mounted, there is nothing to race to."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    rel = str(secret).lstrip("/")
+    text, _ = run(
+        f"""
+        import os, threading
+        stop, hits = False, []
+        def hop():
+            while not stop:
+                for d in ("/", "/sandbox"):
+                    os.chdir(d)
+        t = threading.Thread(target=hop)
+        t.start()
+        for _ in range(3000):
+            for path in ({rel!r}, "etc/passwd", "proc/1/environ"):
+                try:
+                    hits.append(open(path).read()[:20])
+                except OSError:
+                    pass
+        stop = True
+        t.join()
+        print("hits:", hits[:3])
+        """,
+        wall_seconds=20,
+        cpu_seconds=20,
+    )
+    assert "s3cret" not in text and "root:" not in text, text
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_cleaned_up_by_the_kernel():
+    before = set(os.listdir(tempfile.gettempdir()))
+    text, result = run(
+        """
+        import os
+        for i in range(3000):
+            os.mkdir("d")
+            os.chdir("d")
+        os.chmod(".", 0)
+        print("deep")
+        """
+    )
+    assert "deep" in text and result.killed_reason is None
+    assert set(os.listdir(tempfile.gettempdir())) - before == set()
+    assert run_python("print('next')").stdout == "next\n"
+
+
+def test_dev_shm_does_not_outlive_the_call():
+    host_before = set(os.listdir("/dev/shm"))
+    run("open('/dev/shm/mmgrpo-left', 'w').write('x'); print('written')")
+    text, _ = run("import os; print(sorted(os.listdir('/dev/shm')))")
+    assert text.strip() == "[]"
+    assert set(os.listdir("/dev/shm")) - host_before == set()
+
+
+# ---------------------------------------------------------------------------------------- supervision
+def test_garbage_on_every_descriptor_and_forged_exit_codes_are_only_data():
+    text, result = run(
+        """
+        import os
+        for fd in range(3, 256):
+            try:
+                os.write(fd, b"\\x00\\xff garbage 999\\n" * 100)
+            except OSError:
+                pass
+        print("done")
+        """
+    )
+    assert "done" in text and result.returncode == 0
+    for status in (97, 101, 137):  # the codes that mean setup failure, memory, SIGKILL
+        _, result = run(f"import os; os._exit({status})")
+        assert result.returncode is not None  # reported, never raised
+
+
+def test_a_trainer_killed_mid_call_takes_every_sandbox_process_with_it():
+    script = (
+        "from mmgrpo.toolbox.sandbox import run_python; import sys; print('go', flush=True); "
+        "run_python('import os, time\\nfor _ in range(3): os.fork()\\ntime.sleep(60)', wall_seconds=60, "
+        "cpu_seconds=60, audit_guard=False)"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert trainer.stdout.readline().strip() == b"go"
+    deadline = time.monotonic() + 10
+    while len(sandbox_processes()) < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(sandbox_processes()) >= 8  # the program and its 7 children
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 5
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes() == []
+    group = cgroups.create(1 << 20, 4)  # the next run removes the killed trainer's empty group
+    if group is not None:
+        group.close()
+        for path in group.paths:
+            assert not any(
+                p.name.startswith(f"{cgroups.PREFIX}{trainer.pid}-") for p in path.parent.iterdir()
+            )
+
+
+def test_the_runner_waits_for_the_python_tool_s_own_time_limit():
+    """A correct 4.8 s program under the default 5 s wall limit: the runner's deadline follows the tool's
+    own (wall_seconds + 5), so the model gets the program's output, not a runner timeout."""
+    runner = ToolRunner([make_python_tool()])  # the runner's default per-call timeout is 5 s
+    call = '<tool_call>{"name": "python", "arguments": {"code": "import time\\ntime.sleep(4.8)\\nprint(42)"}}</tool_call>'
+    (result,) = runner.run(call)
+    assert result.failure is None and "42" in result.content[0]["text"]
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def test_memory_is_bounded_for_the_whole_process_tree():
+    if cgroups.create(1 << 20, 4) is None:
+        pytest.skip(
+            "no cgroup can be created here: memory is then bounded per process only (docs/sandbox.md)"
+        )
+    text, result = run(
+        """
+        import os
+        kids = []
+        for i in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = bytearray(150 << 20)  # each under the 256 MB per-process limit
+                for j in range(0, len(block), 4096):
+                    block[j] = 1
+                import time; time.sleep(2)
+                os._exit(0)
+            kids.append(pid)
+        print([os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids])
+        """,
+        memory_mb=256,
+        disk_mb=16,
+    )
+    assert result.killed_reason == "memory limit", text
+    assert "-9" in text  # some of the children were killed by the group's limit
+
+
+# ------------------------------------------------------------------- every attack through the tool runner
+ATTACKS = {
+    "escape": "open('/etc/passwd').read()",
+    "native": "import ctypes; ctypes.CDLL('libz.so.1')",
+    "signal": f"import os; os.kill({os.getpid()}, 9)",
+    "deep": "import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')",
+    "fork": "import os\nwhile True:\n    os.fork()",
+    "garbage": "import os\nfor fd in range(3, 64):\n    try: os.write(fd, b'x')\n    except OSError: pass",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_each_attack_is_an_observation_through_the_tool_runner(name):
+    runner = ToolRunner([make_python_tool(wall_seconds=3, audit_guard=False)])
+    call = json.dumps({"name": "python", "arguments": {"code": ATTACKS[name]}})
+    (result,) = runner.run(f"<tool_call>{call}</tool_call>")
+    assert result.failure is None  # the tool returned; what happened is in the text the model reads
+    assert isinstance(result.content[0]["text"], str) and result.content[0]["text"]
+
+
+# ------------------------------------------------------------------------------ without the sandbox tool
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    bwrap.boundary.cache_clear()
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name, path=None: None)
+    yield
+    bwrap.boundary.cache_clear()
+
+
+def test_without_bubblewrap_the_python_tool_refuses_to_start(no_bwrap):
+    with pytest.raises(
+        ConfigError, match=r"bubblewrap \(bwrap\) is not installed: apt-get install bubblewrap"
+    ):
+        make_python_tool()
+    for code in ATTACKS.values():  # and the engine itself starts nothing
+        result = run_python(code, audit_guard=False)
+        assert result.killed_reason == "not started" and "apt-get install bubblewrap" in result.stderr
+
+
+def test_the_weak_sandbox_must_be_accepted_and_says_so_loudly(no_bwrap, capsys):
+    with pytest.warns(RuntimeWarning, match="WITHOUT its OS sandbox"):
+        tool = make_python_tool(weak_sandbox=True, name="python_weak_test")
+    assert "WITHOUT its OS sandbox" in capsys.readouterr().err
+    assert tool("print(6 * 7)").strip() == "42"
