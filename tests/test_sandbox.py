@@ -325,7 +325,9 @@ def test_runs_from_many_threads_at_once():
         pytest.param({}, True, id="bwrap"),
         pytest.param({}, False, id="bwrap-no-guard"),
         pytest.param({"weak_sandbox": True, "namespaces": False}, True, id="weak-guard-only"),
-        pytest.param({"weak_sandbox": True, "namespaces": True}, False, id="weak-namespace-only", marks=needs_ns),
+        pytest.param(
+            {"weak_sandbox": True, "namespaces": True}, False, id="weak-namespace-only", marks=needs_ns
+        ),
     ],
 )
 def test_network_connection_is_refused(mode, guard):

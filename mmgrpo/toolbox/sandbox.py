@@ -315,7 +315,9 @@ def _run_bwrap(
         finally:
             os.close(code_fd)
             os.close(filter_fd)
-        deadline = start + STARTUP_S + wall_seconds  # wall_seconds is the program's, not the sandbox's start-up
+        deadline = (
+            start + STARTUP_S + wall_seconds
+        )  # wall_seconds is the program's, not the sandbox's start-up
         out, err, returncode, cpu_used, reason = _supervise(proc, deadline, int(max_output_chars))
     finally:
         if group is not None:
