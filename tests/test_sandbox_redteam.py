@@ -2,7 +2,7 @@
 found against the old sandbox (issue 19). Every attack runs with the Python guard switched off
 (``audit_guard=False``), since code can switch it off from inside: what holds here is the operating
 system's boundary (bubblewrap, seccomp, cgroups). Each is refused or contained, the tool returns an
-observation, and the caller goes on. CI installs bubblewrap, so these run on the strong path.
+observation, and the caller goes on. They need bubblewrap (`apt-get install bubblewrap`; .ci/run installs it).
 (The HTTP tools' attacks, slow headers and compression bombs, are in tests/test_http_tools.py.)
 """
 
@@ -27,9 +27,12 @@ from mmgrpo.toolbox.sandbox import format_result, make_python_tool, run_python
 from mmgrpo.tools import ToolRunner
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(
-    bwrap.problem() is not None, reason=f"no strong sandbox here: {bwrap.problem()} (CI installs it)"
-)
+
+
+def test_the_strong_sandbox_is_available_here():
+    """The suite needs bubblewrap (README; .ci/run installs it): without it every test below would only show
+    the python tool refusing to start. This says why, in one line."""
+    assert bwrap.problem() is None
 
 
 def run(code: str, **limits) -> tuple[str, object]:

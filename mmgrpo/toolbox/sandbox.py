@@ -1,42 +1,31 @@
-"""The ``python`` tool: run model-written Python in a separate, limited process and report what it printed.
+"""The ``python`` tool: run model-written Python inside the operating system's sandbox and report what it
+printed (the threat model and what holds where: ``docs/sandbox.md``).
 
-This module is the parent side: ``run_python(code)`` is the engine (it starts the child, supervises it,
-collects what it printed and cleans up) and ``make_python_tool(**limits)`` wraps it as a tool. What runs
-inside the child (its limits, the guard, running the code) is :mod:`mmgrpo.toolbox.sandbox_child`. What is
-and is not guaranteed is written down in ``docs/sandbox.md``; in short, the code runs
-
-- in its own process (``python -I -S -B -u``: isolated mode, no site-packages, no bytecode written), with an
-  almost empty environment, in a fresh temporary working directory that is deleted afterwards;
-- where the system allows it, in new user, network, IPC and pid namespaces (``unshare --user
-  --map-root-user --net --ipc --pid --fork``): the only network interface is a loopback that is down, so no
-  connection can be made, and when the run ends every process it started ends with it; and, where a mount
-  namespace works too, with a size-limited tmpfs as its working directory (``isolation_level()``);
-- under resource limits the child sets on itself before the code runs (``RLIMIT_CPU``, ``RLIMIT_AS``,
-  ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE`` 0 and, in a user namespace, ``RLIMIT_NPROC``);
-- under a wall-clock deadline: at the deadline, and after every run, its whole process group is killed;
-- behind a Python audit hook (``sys.addaudithook``) installed before the code runs, which refuses sockets,
-  new processes, ``ctypes`` and file access outside the working directory with a ``PermissionError``: a
-  guard against ordinary code, not a security boundary against code written to get around it.
+``run_python(code)`` runs it inside bubblewrap (:mod:`mmgrpo.toolbox.bwrap`: an unprivileged uid, no
+network, a read-only file system with only the interpreter and its standard library, a tmpfs working
+directory, die-with-parent), with seccomp filters (:mod:`mmgrpo.toolbox.seccomp`), a cgroup for memory and
+processes where the machine allows one (:mod:`mmgrpo.toolbox.cgroups`), resource limits and the Python
+guard as a second line (:mod:`mmgrpo.toolbox.sandbox_child`, the bootstrap inside); it supervises the run
+from outside (:mod:`mmgrpo.toolbox.supervise`). ``make_python_tool(**settings)`` wraps it as a tool and
+refuses, with one line, where the boundary cannot be set up, unless ``weak_sandbox`` is accepted
+(:mod:`mmgrpo.toolbox.sandbox_weak`, the older engine, said loudly).
 """
 
 from __future__ import annotations
 
 import os
-import selectors
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from mmgrpo.errors import ConfigError, did_you_mean
 from mmgrpo.toolbox import bwrap, cgroups, seccomp
 from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
+from mmgrpo.toolbox.sandbox_weak import isolation_level, namespaces_available, run_weak
+from mmgrpo.toolbox.supervise import KILL_OUTPUT_BYTES, SandboxResult, signal_name, supervise
 
 __all__ = [
     "LIMIT_NAMES",
@@ -50,88 +39,9 @@ __all__ = [
 
 MAX_CODE_CHARS = 50_000
 """Longest program accepted (longer code raises ValueError)."""
-KILL_OUTPUT_BYTES = 1_000_000
-"""A program that prints more than this (stdout and stderr together) is stopped: ``killed_reason='output limit'``."""
 
-_UNSHARE = ("unshare", "--user", "--map-root-user", "--net", "--ipc", "--pid", "--fork", "--kill-child")
-# in a mount namespace too: a size-limited tmpfs on the working directory, then the bootstrap
-_TMPFS = (
-    "--mount",
-    "--",
-    "/bin/sh",
-    "-c",
-    'mount -t tmpfs -o "size=${1}m,mode=700" mmgrpo-sandbox "$2" && cd "$2" || exit 97; shift 2; exec "$@"',
-    "sh",
-)
-ISOLATION_LEVELS = ("tmpfs", "namespaces", "none")
 STARTUP_S = 0.5
 """Added to a bubblewrap run's deadline for the sandbox's own start-up (about 0.15-0.3 s measured here)."""
-_isolation: str | None = None
-_isolation_lock = threading.Lock()
-
-
-@dataclass
-class SandboxResult:
-    """What one run produced. ``stdout`` keeps the first ``max_output_chars`` characters, ``stderr`` the last
-    ones (where the traceback is); ``*_cut`` count the characters left out."""
-
-    stdout: str
-    stderr: str
-    returncode: int | None
-    """The exit status; negative for a signal (``-9``: SIGKILL); None if it could not be started."""
-    killed_reason: str | None
-    """Why the run was stopped: ``"CPU time limit"``, ``"wall time limit"``, ``"memory limit"``,
-    ``"output limit"`` or ``"signal SIGSEGV"`` and the like; None when the code ended by itself."""
-    seconds: float
-    """Wall-clock seconds from start to the end of the cleanup."""
-    cpu_seconds: float = 0.0
-    isolation: str = "none"
-    """``"tmpfs"``: namespaces and a size-limited tmpfs working directory; ``"namespaces"``: user, network,
-    IPC and pid namespaces; ``"none"``: neither (see :func:`isolation_level`)."""
-    stdout_cut: int = 0
-    stderr_cut: int = 0
-
-
-def isolation_level() -> str:
-    """The OS-level isolation this machine allows (checked once per process): ``"tmpfs"`` when
-    ``unshare --user --map-root-user --net --ipc --pid --fork --mount`` and a tmpfs mount work, ``"namespaces"``
-    when only the namespaces do, ``"none"`` when ``unshare`` is missing or refused (e.g. user namespaces turned
-    off, or a container's seccomp profile)."""
-    global _isolation
-    with _isolation_lock:
-        if _isolation is None:
-            _isolation = "none"
-            if shutil.which("unshare") is not None and os.path.exists("/bin/sh"):
-                with tempfile.TemporaryDirectory(prefix="mmgrpo-sandbox-probe-") as probe:
-                    for level, command in (
-                        ("tmpfs", [*_UNSHARE, *_TMPFS, "1", probe, "true"]),
-                        ("namespaces", [*_UNSHARE, "true"]),
-                    ):
-                        if _succeeds(command):
-                            _isolation = level
-                            break
-            if _isolation == "none":
-                warnings.warn(
-                    "mmgrpo.toolbox.sandbox: `unshare --user --net --pid` does not work here, so the python tool "
-                    "runs without namespaces: only the Python-level guard keeps its code off the network "
-                    "(see docs/sandbox.md)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-        return _isolation
-
-
-def namespaces_available() -> bool:
-    """Whether runs get their own user, network, IPC and pid namespaces (:func:`isolation_level` is not none)."""
-    return isolation_level() != "none"
-
-
-def _succeeds(command: list[str]) -> bool:
-    try:
-        done = subprocess.run(command, capture_output=True, timeout=10, env={"PATH": "/usr/bin:/bin"})
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
 
 
 def run_python(
@@ -185,79 +95,18 @@ def run_python(
             max_output_chars=max_output_chars,
             audit_guard=audit_guard,
         )
-    level = isolation_level() if namespaces is not False else "none"
-    if namespaces and level == "none":
-        raise RuntimeError("namespaces=True, but `unshare --user --net --pid` does not work on this machine")
-    use_ns = level != "none"
-
-    start = time.monotonic()
-    cpu = max(1, round(cpu_seconds))  # RLIMIT_CPU counts whole seconds
-    base = os.path.realpath(tempfile.mkdtemp(prefix="mmgrpo-sandbox-"))
-    workdir, source = os.path.join(base, "work"), os.path.join(base, "main.py")
-    # in a pid namespace the bootstrap stays as the namespace's init and reports the code's wait status here
-    status_r, status_w = os.pipe() if use_ns else (-1, -1)
-    try:
-        os.mkdir(workdir, 0o700)
-        with open(source, "w", encoding="utf-8") as f:
-            f.write(code)
-        argv = [
-            sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP, workdir, source,
-            str(cpu), str(int(memory_mb) << 20), str(int(file_size_mb) << 20),
-            str(int(max_processes) if use_ns else -1), str(int(max_open_files)), str(int(audit_guard)),
-            str(status_w), "0",
-        ]  # fmt: skip
-        if level == "tmpfs":
-            argv = [*_UNSHARE, *_TMPFS, str(int(disk_mb)), workdir, *argv]
-        elif level == "namespaces":
-            argv = [*_UNSHARE, "--", *argv]
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                env={"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group, killed as a whole
-                pass_fds=(status_w,) if use_ns else (),
-            )
-        except OSError as e:
-            seconds = time.monotonic() - start
-            return SandboxResult("", f"could not start the sandbox: {e}", None, "not started", seconds)
-        finally:
-            if use_ns:
-                os.close(status_w)
-        out, err, returncode, cpu_used, reason = _supervise(proc, start + wall_seconds, int(max_output_chars))
-        reported = _reported_status(status_r) if use_ns else None
-    finally:
-        if use_ns:
-            os.close(status_r)
-        _remove_tree(base)
-
-    if reported is not None:  # the code's own status (unshare only reports its init's)
-        returncode = reported
-    elif use_ns and reason is None and returncode == EXIT_SETUP:
-        reason = "sandbox setup failed"
-    if reason is None and returncode not in (0, None):
-        if returncode == EXIT_MEMORY:
-            reason = "memory limit"
-        elif returncode < 0:
-            sig = -returncode
-            if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_used >= cpu - 0.1:
-                reason = "CPU time limit"
-            else:
-                reason = f"signal {_signal_name(sig)}"
-    (stdout, stdout_cut), (stderr, stderr_cut) = out, err
-    return SandboxResult(
-        stdout=stdout,
-        stderr=stderr,
-        returncode=returncode,
-        killed_reason=reason,
-        seconds=time.monotonic() - start,
-        cpu_seconds=cpu_used,
-        isolation=level,
-        stdout_cut=stdout_cut,
-        stderr_cut=stderr_cut,
+    return run_weak(
+        code,
+        cpu_seconds=cpu_seconds,
+        wall_seconds=wall_seconds,
+        memory_mb=memory_mb,
+        file_size_mb=file_size_mb,
+        disk_mb=disk_mb,
+        max_processes=max_processes,
+        max_open_files=max_open_files,
+        max_output_chars=max_output_chars,
+        namespaces=namespaces,
+        audit_guard=audit_guard,
     )
 
 
@@ -289,7 +138,7 @@ def _run_bwrap(
     args = [
         "-I", "-S", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP, bwrap.WORKDIR, f"{bwrap.WORKDIR}/main.py",
         str(cpu), str(memory), str(int(file_size_mb) << 20), str(nproc), str(int(max_open_files)),
-        str(int(audit_guard)), "-1", "1", inner.hex(),
+        str(int(audit_guard)), "-1", ",".join(modules_to_preload(code)), inner.hex(),
     ]  # fmt: skip
     code_fd, filter_fd = bwrap.memfd(code.encode("utf-8", errors="surrogatepass")), bwrap.memfd(outer)
     argv = boundary.command(code_fd=code_fd, seccomp_fd=filter_fd, disk_bytes=disk, args=args)
@@ -318,7 +167,7 @@ def _run_bwrap(
         deadline = (
             start + STARTUP_S + wall_seconds
         )  # wall_seconds is the program's, not the sandbox's start-up
-        out, err, returncode, cpu_used, reason = _supervise(proc, deadline, int(max_output_chars))
+        out, err, returncode, cpu_used, reason = supervise(proc, deadline, int(max_output_chars))
     finally:
         if group is not None:
             oom = group.oom_killed()
@@ -337,7 +186,7 @@ def _run_bwrap(
         if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_used >= cpu - 0.1:
             reason = "CPU time limit"
         else:
-            reason = f"signal {_signal_name(sig)}"
+            reason = f"signal {signal_name(sig)}"
     (stdout, stdout_cut), (stderr, stderr_cut) = out, err
     return SandboxResult(
         stdout=stdout,
@@ -352,15 +201,25 @@ def _run_bwrap(
     )
 
 
-def _reported_status(status_r: int) -> int | None:
-    """The code's exit status as its pid namespace's init reported it; None when it reported none (init
-    itself was killed: the wall-clock or output limit, or the setup failed)."""
-    os.set_blocking(status_r, False)
+def modules_to_preload(code: str) -> list[str]:
+    """The modules a bubblewrap run imports before its inner filter (which allows no new native code): every
+    module the code names in an ``import`` statement, so their C extensions are loaded by then (the code
+    would import them anyway: this costs nothing extra). A C extension reached only by a computed name
+    (``importlib.import_module(name)``) or lazily inside a standard-library function fails to load."""
+    import ast
+
+    names: set[str] = set()
     try:
-        reported = os.read(status_r, 64).strip()
-    except BlockingIOError:
-        return None
-    return os.waitstatus_to_exitcode(int(reported)) if reported else None
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return sorted(names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names if a.name != "*")
+    return sorted(n for n in names if n.replace(".", "").replace("_", "").isalnum())[:200]
 
 
 LIMIT_NAMES = (
@@ -497,103 +356,3 @@ def _explain(result: SandboxResult) -> str:
     if reason == "sandbox setup failed":
         return "the sandbox could not be set up (not the program's fault)"
     return f"{reason}"
-
-
-# --------------------------------------------------------------------------------------------- supervision
-def _supervise(
-    proc: subprocess.Popen, deadline: float, max_chars: int
-) -> tuple[tuple[str, int], tuple[str, int], int | None, float, str | None]:
-    """Read both pipes until they close, the child exits or the deadline passes; kill the process group;
-    reap the child. Returns ((stdout, cut), (stderr, cut), returncode, cpu seconds, reason or None)."""
-    keep = max_chars * 4 + 16  # bytes: enough for max_chars characters of UTF-8
-    heads = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    tails = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    total = {proc.stdout: 0, proc.stderr: 0}
-    reason = None
-    with selectors.DefaultSelector() as sel:
-        for pipe in heads:
-            os.set_blocking(pipe.fileno(), False)
-            sel.register(pipe, selectors.EVENT_READ)
-        exited_at = None
-        while sel.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                reason = "wall time limit"
-                break
-            if exited_at is None and _has_exited(proc.pid):
-                exited_at = now  # stragglers may hold the pipes: read what is there, then stop
-            if exited_at is not None and now - exited_at > 0.2:
-                break
-            for key, _ in sel.select(timeout=min(0.05, deadline - now)):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                pipe = key.fileobj
-                total[pipe] += len(chunk)
-                if len(heads[pipe]) < keep:
-                    heads[pipe] += chunk[: keep - len(heads[pipe])]
-                tails[pipe] = (tails[pipe] + chunk)[-keep:]
-            if sum(total.values()) > KILL_OUTPUT_BYTES:
-                reason = "output limit"
-                break
-        # wait (until the deadline) for the child to exit, with the pipes closed or ignored
-        while reason is None and not _has_exited(proc.pid):
-            if time.monotonic() >= deadline:
-                reason = "wall time limit"
-                break
-            time.sleep(0.01)
-    _kill_group(proc.pid)  # the child is not reaped yet, so its process group id is still ours
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = returncode = os.waitstatus_to_exitcode(status)
-    proc.stdout.close()
-    proc.stderr.close()
-    cpu_used = usage.ru_utime + usage.ru_stime
-
-    def text(pipe, from_end: bool) -> tuple[str, int]:
-        data = tails[pipe] if from_end and total[pipe] > keep else heads[pipe]
-        decoded = data.decode("utf-8", errors="replace")
-        if total[pipe] <= keep and len(decoded) <= max_chars:
-            return decoded, 0
-        shown = decoded[-max_chars:] if from_end else decoded[:max_chars]
-        # characters left out: exact when everything was kept, estimated from bytes otherwise
-        cut = len(decoded) - len(shown) if total[pipe] <= keep else total[pipe] - len(shown.encode())
-        return shown, max(cut, 0)
-
-    return text(proc.stdout, False), text(proc.stderr, True), returncode, cpu_used, reason
-
-
-def _has_exited(pid: int) -> bool:
-    """Whether the child has exited, without reaping it (its pid, and so its group id, stays reserved)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _remove_tree(path: str) -> None:
-    """Delete the working directory even where the code removed permissions from its folders."""
-    try:
-        os.chmod(path, 0o700)
-        for root, dirs, _ in os.walk(path):
-            for d in dirs:
-                sub = os.path.join(root, d)
-                if not os.path.islink(sub):
-                    os.chmod(sub, 0o700)
-    except OSError:
-        pass
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)

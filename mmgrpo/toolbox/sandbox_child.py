@@ -1,7 +1,9 @@
 """What runs inside the ``python`` tool's child process; :mod:`mmgrpo.toolbox.sandbox` (the parent side)
 starts it as ``python -I -S -B -u -X utf8 -c BOOTSTRAP ...`` and reads what it printed.
 
-:data:`BOOTSTRAP`, the child's program, sets the resource limits on itself (``RLIMIT_CPU``, ``RLIMIT_AS``,
+:data:`BOOTSTRAP`, the child's program, imports the modules the code names (their C extensions must be
+mapped before the next step), loads the inner seccomp filter (no ``execve``, no new executable mappings;
+bubblewrap runs only), sets the resource limits on itself (``RLIMIT_CPU``, ``RLIMIT_AS``,
 ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE`` 0 and, in a user namespace, ``RLIMIT_NPROC``), installs
 a Python audit hook (``sys.addaudithook``, the guard) and runs the code as ``__main__``. The guard refuses
 sockets, new processes, ``ctypes``, writes outside the working directory and reads outside it and the
@@ -22,7 +24,7 @@ EXIT_SETUP = 97
 
 # --------------------------------------------------------------------------------------------- the child
 # Run as ``python -I -S -B -u -X utf8 -c BOOTSTRAP workdir source cpu as fsize nproc nofile guard status_fd
-# preload [inner_filter_hex]``
+# preload(comma-separated modules) [inner_filter_hex]``
 # in workdir.
 # It sets the limits, reads main.py, installs the guard and runs the code as __main__. The guard is built
 # by exec'ing _GUARD in a namespace with no builtins: everything it uses is a parameter of install(), so that
@@ -183,7 +185,8 @@ BOOTSTRAP = r"""
 def _main():
     import sys, os, io, resource, builtins, posix
     workdir, source_path = sys.argv[1:3]
-    cpu, mem, fsize, nproc, nofile, guard, status_fd, preload = (int(x) for x in sys.argv[3:11])
+    cpu, mem, fsize, nproc, nofile, guard, status_fd = (int(x) for x in sys.argv[3:10])
+    preload = [m for m in sys.argv[10].split(",") if m]
     inner_filter = bytes.fromhex(sys.argv[11]) if len(sys.argv) > 11 else b""
     if status_fd >= 0:  # pid 1 of a new pid namespace: stay as its init, run the code in a child
         child = os.fork()
@@ -218,17 +221,13 @@ def _main():
     limit(R.RLIMIT_NOFILE, nofile)
     limit(R.RLIMIT_CORE, 0)
     limit(R.RLIMIT_NPROC, nproc)
-    if preload:  # every extension module now: once the inner filter is on, no native code can be mapped
+    if preload:  # the modules the code imports, now: once the inner filter is on, no native code can be mapped
         import importlib
-        skip = ("_tkinter", "_curses", "_curses_panel", "readline", "_ctypes_test", "_testcapi")
-        for folder in [p for p in sys.path if p.endswith("lib-dynload")]:
-            for entry in sorted(os.listdir(folder)):
-                name = entry.split(".")[0]
-                if entry.endswith(".so") and name not in skip and not name.startswith(("_test", "xx", "_xx")):
-                    try:
-                        importlib.import_module(name)
-                    except Exception:
-                        pass
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                pass
     if inner_filter:  # no execve, no PROT_EXEC mappings from here on (mmgrpo.toolbox.seccomp.inner_filter)
         import ctypes
 
@@ -270,7 +269,7 @@ def _main():
             PermissionError, ImportError, OSError, type, str, bytes, int, list,
         )
         del space
-        for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+        for name in [m for m in sys.modules if m.split(".")[0] in deny - {"_posixsubprocess"}]:
             del sys.modules[name]  # loaded by the bootstrap: an import of them goes through the guard again
     main = type(sys)("__main__")
     main.__file__ = "main.py"
