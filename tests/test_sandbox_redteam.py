@@ -41,8 +41,9 @@ def run(code: str, **limits) -> tuple[str, object]:
     return format_result(result, 4000), result
 
 
-def sandbox_processes() -> list[int]:
-    """Host pids of living processes running a sandboxed program (its bootstrap names /sandbox/main.py)."""
+def sandbox_processes(programs_only: bool = False) -> list[int]:
+    """Host pids of living processes of a sandbox run (their command lines name /sandbox/main.py); with
+    ``programs_only``, only the sandboxed interpreter's, not the launcher (sh, setpriv) or bwrap's own."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -51,9 +52,18 @@ def sandbox_processes() -> list[int]:
                 state = Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()[0]
             except OSError:
                 continue
-            if b"/sandbox/main.py" in cmdline and state != "Z":
+            launcher = os.path.basename(cmdline.split(b"\0")[0]) in (b"sh", b"setpriv", b"bwrap")
+            if b"/sandbox/main.py" in cmdline and state != "Z" and not (programs_only and launcher):
                 found.append(int(entry))
     return found
+
+
+def uids_of(pid: int) -> list[str] | None:
+    """Real, effective, saved and filesystem uid of ``pid`` on the host, or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split("\n")[0].split()
+    except (OSError, IndexError):
+        return None
 
 
 # ------------------------------------------------------------------- the guard switched off changes nothing
@@ -176,15 +186,12 @@ def test_the_sandbox_runs_as_an_unprivileged_uid_on_the_host():
         ]
     )
     try:
-        uids = []
+        uids: list = []
         while time.monotonic() - started < 10 and not uids:
-            uids = [
-                Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[:2]
-                for p in sandbox_processes()
-            ]
+            uids = [u for p in sandbox_processes(programs_only=True) if (u := uids_of(p))]
             time.sleep(0.05)
         assert uids, "the sandboxed program was never seen"
-        assert all(u != ["0", "0"] and "0" not in u for u in uids), uids
+        assert all("0" not in u for u in uids), uids
     finally:
         proc.wait(timeout=20)
 
@@ -324,12 +331,13 @@ def test_a_trainer_killed_mid_call_takes_every_sandbox_process_with_it():
 
 
 def test_the_runner_waits_for_the_python_tool_s_own_time_limit():
-    """A correct 4.8 s program under the default 5 s wall limit: the runner's deadline follows the tool's
-    own (wall_seconds + 5), so the model gets the program's output, not a runner timeout."""
-    runner = ToolRunner([make_python_tool()])  # the runner's default per-call timeout is 5 s
-    call = '<tool_call>{"name": "python", "arguments": {"code": "import time\\ntime.sleep(4.8)\\nprint(42)"}}</tool_call>'
+    """The old runner cut a correct 4.8 s program under a 5 s wall limit with its own 5 s deadline. The
+    runner's deadline follows the tool's own (``timeout_s`` = wall_seconds + 5): here a runner deadline of
+    0.3 s and a 0.8 s program under a 1 s wall limit, and the model gets the program's output."""
+    runner = ToolRunner([make_python_tool(wall_seconds=1)], timeout_s=0.3)
+    call = '<tool_call>{"name": "python", "arguments": {"code": "import time\\ntime.sleep(0.8)\\nprint(42)"}}</tool_call>'
     (result,) = runner.run(call)
-    assert result.failure is None and "42" in result.content[0]["text"]
+    assert result.failure is None and result.content[0]["text"].strip() == "42", result
 
 
 # ---------------------------------------------------------------------------------------------- memory

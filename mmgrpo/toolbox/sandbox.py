@@ -14,7 +14,6 @@ refuses, with one line, where the boundary cannot be set up, unless ``weak_sandb
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from mmgrpo.errors import ConfigError, did_you_mean
 from mmgrpo.toolbox import bwrap, cgroups, seccomp
 from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
 from mmgrpo.toolbox.sandbox_weak import isolation_level, namespaces_available, run_weak
-from mmgrpo.toolbox.supervise import KILL_OUTPUT_BYTES, SandboxResult, signal_name, supervise
+from mmgrpo.toolbox.supervise import KILL_OUTPUT_BYTES, SandboxResult, signal_reason, supervise
 
 __all__ = [
     "LIMIT_NAMES",
@@ -72,7 +71,7 @@ def run_python(
         raise ValueError(f"code must be a string, got {type(code).__name__}")
     if len(code) > MAX_CODE_CHARS:
         raise ValueError(f"the program is too long ({len(code)} characters, at most {MAX_CODE_CHARS})")
-    _check_limits(
+    limits = dict(
         cpu_seconds=cpu_seconds,
         wall_seconds=wall_seconds,
         memory_mb=memory_mb,
@@ -81,33 +80,12 @@ def run_python(
         max_processes=max_processes,
         max_open_files=max_open_files,
         max_output_chars=max_output_chars,
-    )
-    if not weak_sandbox:
-        return _run_bwrap(
-            code,
-            cpu_seconds=cpu_seconds,
-            wall_seconds=wall_seconds,
-            memory_mb=memory_mb,
-            file_size_mb=file_size_mb,
-            disk_mb=disk_mb,
-            max_processes=max_processes,
-            max_open_files=max_open_files,
-            max_output_chars=max_output_chars,
-            audit_guard=audit_guard,
-        )
-    return run_weak(
-        code,
-        cpu_seconds=cpu_seconds,
-        wall_seconds=wall_seconds,
-        memory_mb=memory_mb,
-        file_size_mb=file_size_mb,
-        disk_mb=disk_mb,
-        max_processes=max_processes,
-        max_open_files=max_open_files,
-        max_output_chars=max_output_chars,
-        namespaces=namespaces,
         audit_guard=audit_guard,
     )
+    _check_limits(**{k: v for k, v in limits.items() if k != "audit_guard"})
+    if not weak_sandbox:
+        return _run_bwrap(code, **limits)
+    return run_weak(code, namespaces=namespaces, **limits)
 
 
 def _run_bwrap(
@@ -181,12 +159,8 @@ def _run_bwrap(
         reason = "sandbox setup failed"
     if reason is None and (oom or returncode == EXIT_MEMORY):
         reason = "memory limit"
-    if reason is None and returncode is not None and returncode < 0:
-        sig = -returncode
-        if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_used >= cpu - 0.1:
-            reason = "CPU time limit"
-        else:
-            reason = f"signal {signal_name(sig)}"
+    if reason is None:
+        reason = signal_reason(returncode, cpu_used, cpu)
     (stdout, stdout_cut), (stderr, stderr_cut) = out, err
     return SandboxResult(
         stdout=stdout,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ import time
 import warnings
 
 from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
-from mmgrpo.toolbox.supervise import SandboxResult, remove_tree, signal_name, supervise
+from mmgrpo.toolbox.supervise import SandboxResult, remove_tree, signal_reason, supervise
 
 _UNSHARE = ("unshare", "--user", "--map-root-user", "--net", "--ipc", "--pid", "--fork", "--kill-child")
 # in a mount namespace too: a size-limited tmpfs on the working directory, then the bootstrap
@@ -147,14 +146,7 @@ def run_weak(
     elif use_ns and reason is None and returncode == EXIT_SETUP:
         reason = "sandbox setup failed"
     if reason is None and returncode not in (0, None):
-        if returncode == EXIT_MEMORY:
-            reason = "memory limit"
-        elif returncode < 0:
-            sig = -returncode
-            if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_used >= cpu - 0.1:
-                reason = "CPU time limit"
-            else:
-                reason = f"signal {signal_name(sig)}"
+        reason = "memory limit" if returncode == EXIT_MEMORY else signal_reason(returncode, cpu_used, cpu)
     (stdout, stdout_cut), (stderr, stderr_cut) = out, err
     return SandboxResult(
         stdout=stdout,

@@ -135,3 +135,14 @@ def signal_name(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return str(sig)
+
+
+def signal_reason(returncode: int | None, cpu_used: float, cpu_limit: int) -> str | None:
+    """Why a run that died of a signal stopped: ``CPU time limit`` (SIGXCPU/SIGKILL after using its CPU
+    seconds), else ``signal SIGSEGV`` and the like; None for an exit status."""
+    if returncode is None or returncode >= 0:
+        return None
+    sig = -returncode
+    if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_used >= cpu_limit - 0.1:
+        return "CPU time limit"
+    return f"signal {signal_name(sig)}"
