@@ -106,8 +106,11 @@ def test_demonstration_batch_is_laid_out_like_a_rollout(tiny_policy):
 def test_tool_agent_trains_two_steps_and_evaluates(tiny_model_dir, tmp_path, capsys, small_run):
     from mmgrpo.cli.app import main
 
-    sets = small_run(
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path / 'run'}", "grpo.max_new_tokens=24"
+    sets = small_run(  # two drill steps too: the config's 800 would run in full here (min_skill 0 stops no check)
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "grpo.max_new_tokens=24",
+        "warm_start.drill_steps=2",
     )
     assert main(["train", "examples/tools_math_tiny.yaml", *sets, "--no-progress"]) == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
