@@ -2,7 +2,8 @@
 bubblewrap sandbox against the engine it replaced, alternated, one thread per process.
 
     python benchmarks/sandbox_overhead.py                      # this checkout: bwrap vs weak_sandbox=True
-    python benchmarks/sandbox_overhead.py --before /tmp/old    # bwrap vs the old engine of another checkout
+    git worktree add ../mmgrpo-before 2813913                   # the commit before bubblewrap
+    python benchmarks/sandbox_overhead.py --before ../mmgrpo-before  # bwrap vs that checkout's engine
 
 ``weak_sandbox=True`` is the old engine (``unshare`` namespaces, a tmpfs, the Python guard). With
 ``--before DIR`` the "before" side imports mmgrpo from DIR (a worktree of an older commit) instead.

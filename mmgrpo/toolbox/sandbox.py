@@ -24,7 +24,7 @@ from mmgrpo.errors import ConfigError, did_you_mean
 from mmgrpo.toolbox import bwrap, cgroups, seccomp
 from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
 from mmgrpo.toolbox.sandbox_weak import isolation_level, namespaces_available, run_weak
-from mmgrpo.toolbox.supervise import KILL_OUTPUT_BYTES, SandboxResult, signal_reason, supervise
+from mmgrpo.toolbox.supervise import KILL_OUTPUT_BYTES, SandboxResult, finished, signal_reason, supervise
 
 __all__ = [
     "LIMIT_NAMES",
@@ -161,17 +161,8 @@ def _run_bwrap(
         reason = "memory limit"
     if reason is None:
         reason = signal_reason(returncode, cpu_used, cpu)
-    (stdout, stdout_cut), (stderr, stderr_cut) = out, err
-    return SandboxResult(
-        stdout=stdout,
-        stderr=stderr,
-        returncode=returncode,
-        killed_reason=reason,
-        seconds=time.monotonic() - start,
-        cpu_seconds=cpu_used,
-        isolation="bwrap" + ("+cgroup" if group is not None else ""),
-        stdout_cut=stdout_cut,
-        stderr_cut=stderr_cut,
+    return finished(
+        out, err, returncode, reason, start, cpu_used, "bwrap" + ("+cgroup" if group is not None else "")
     )
 
 

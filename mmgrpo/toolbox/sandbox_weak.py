@@ -17,7 +17,7 @@ import time
 import warnings
 
 from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
-from mmgrpo.toolbox.supervise import SandboxResult, remove_tree, signal_reason, supervise
+from mmgrpo.toolbox.supervise import SandboxResult, finished, remove_tree, signal_reason, supervise
 
 _UNSHARE = ("unshare", "--user", "--map-root-user", "--net", "--ipc", "--pid", "--fork", "--kill-child")
 # in a mount namespace too: a size-limited tmpfs on the working directory, then the bootstrap
@@ -147,18 +147,7 @@ def run_weak(
         reason = "sandbox setup failed"
     if reason is None and returncode not in (0, None):
         reason = "memory limit" if returncode == EXIT_MEMORY else signal_reason(returncode, cpu_used, cpu)
-    (stdout, stdout_cut), (stderr, stderr_cut) = out, err
-    return SandboxResult(
-        stdout=stdout,
-        stderr=stderr,
-        returncode=returncode,
-        killed_reason=reason,
-        seconds=time.monotonic() - start,
-        cpu_seconds=cpu_used,
-        isolation=level,
-        stdout_cut=stdout_cut,
-        stderr_cut=stderr_cut,
-    )
+    return finished(out, err, returncode, reason, start, cpu_used, level)
 
 
 def _reported_status(status_r: int) -> int | None:

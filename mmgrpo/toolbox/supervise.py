@@ -146,3 +146,21 @@ def signal_reason(returncode: int | None, cpu_used: float, cpu_limit: int) -> st
     if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_used >= cpu_limit - 0.1:
         return "CPU time limit"
     return f"signal {signal_name(sig)}"
+
+
+def finished(
+    out, err, returncode: int | None, reason: str | None, start: float, cpu_used: float, isolation: str
+):
+    """The SandboxResult of a supervised run: ``out``/``err`` as ``supervise`` returns them ((text, cut))."""
+    (stdout, stdout_cut), (stderr, stderr_cut) = out, err
+    return SandboxResult(
+        stdout=stdout,
+        stderr=stderr,
+        returncode=returncode,
+        killed_reason=reason,
+        seconds=time.monotonic() - start,
+        cpu_seconds=cpu_used,
+        isolation=isolation,
+        stdout_cut=stdout_cut,
+        stderr_cut=stderr_cut,
+    )
