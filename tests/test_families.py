@@ -176,3 +176,81 @@ def test_trains_two_steps_saves_reloads_and_generates(family, tmp_path):
     ids, mask, vision = _prompts(again, name, 2)
     comps, _ = again.generate(ids, mask, vision, max_new_tokens=4, temperature=1.0, num_samples=2)
     assert len(comps) == 4 and all(comps)
+
+
+def test_kept_cache_turns_equal_encoding_every_turn(family):
+    """Multi-turn episodes (images from the env mid-episode for vision families) come out the same on the
+    KV cache kept across turns as when every turn encodes the whole sequence again, and the sampled
+    log-probs equal the training forward's; families that cannot keep it fall back (mmgrpo.model.turns)."""
+    from mmgrpo.model import turns
+    from mmgrpo.rollout.episodes import rollout
+    from tests.test_multiturn import ZoomOnceEnv
+
+    name, path = family
+    policy = Policy.from_pretrained(path)
+    vocab = policy.model.config.get_text_config().vocab_size
+    policy.stop_ids = sorted(set(policy.stop_ids) | set(range(40, vocab, 3)))  # ragged turns
+    runs, record = [], []
+    decode = turns.TurnDecoder._decode
+
+    def recording(self, logits, max_new_tokens):
+        self.keep_logprobs = True
+        out = decode(self, logits, max_new_tokens)
+        record.append((list(self.rows), self.last_logprobs))
+        return out
+
+    turns.TurnDecoder._decode = recording
+    try:
+        for kv in (True, False):
+            envs = [ZoomOnceEnv(with_image=name in VISION_FAMILIES, turns_before_end=1 + i % 2) for i in range(8)]
+            torch.manual_seed(0)
+            runs.append(
+                rollout(policy, envs, [3, 8], group_size=4, max_new_tokens=8, max_turns=3, kv_across_turns=kv)
+            )
+    finally:
+        turns.TurnDecoder._decode = decode
+    kept, again = runs
+    assert [t.response_ids for t in kept.trajectories] == [t.response_ids for t in again.trajectories]
+    assert max(t.turns for t in kept.trajectories) == 3
+    if not turns.supported(policy):
+        assert name == "gemma3" and not record
+        return
+    sampled: dict[int, list[float]] = {}
+    for rows, lps in record:
+        for e, lp in zip(rows, lps, strict=True):
+            sampled.setdefault(e, []).extend(lp)
+    with torch.no_grad():
+        trained = policy.logprobs(kept.tokens, share_prompt=False)  # (N, T)
+    for i, t in enumerate(kept.trajectories):
+        where = [k for k, m in enumerate(t.loss_mask) if m]
+        if policy.adapter.images_on_cache or name not in VISION_FAMILIES:
+            assert len(where) == len(sampled[i])  # every turn sampled on the kept cache
+        else:  # Idefics3 keeps it until an image arrives, then encodes again: turn 1 was on the cache
+            where = where[: len(sampled[i])]
+        assert torch.allclose(trained[i, where], torch.tensor(sampled[i]), atol=1e-5), (name, i)
+
+
+def test_shared_pass_with_tool_images_equals_full_forward(family):
+    """Multi-turn episodes whose env turns bring images train in one batched pass on the group's shared
+    prompt cache: the same log-probs (1e-5) and gradients as one full forward per row."""
+    from tests.test_multiturn import ZoomOnceEnv
+
+    name, path = family
+    policy = Policy.from_pretrained(path)
+    vocab = policy.model.config.get_text_config().vocab_size
+    policy.stop_ids = sorted(set(policy.stop_ids) | set(range(40, vocab, 3)))
+    torch.manual_seed(2)
+    envs = [ZoomOnceEnv(with_image=name in VISION_FAMILIES, turns_before_end=2) for _ in range(6)]
+    tok = rollout(policy, envs, [0, 1, 2], group_size=2, max_new_tokens=6, max_turns=3).tokens
+    assert tok.has_response_images == (name in VISION_FAMILIES)
+    mask = tok.loss_mask.bool()
+    results = []
+    for share in (False, True):
+        policy.model.zero_grad()
+        lp = policy.logprobs(tok, share_prompt=share)  # (N, T)
+        torch.where(mask, lp, 0.0).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+        results.append((torch.where(mask, lp, 0.0).detach(), grad))
+    (lp_full, g_full), (lp_shared, g_shared) = results
+    torch.testing.assert_close(lp_shared, lp_full, atol=1e-5, rtol=1e-5)
+    assert (g_shared - g_full).norm() / g_full.norm() < 1e-5

@@ -154,16 +154,27 @@ class CausalLMAdapter:
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (N, L)
         return pos.unsqueeze(0).expand(3, -1, -1) if self.uses_mrope(model) else pos
 
-    def continuation_positions(self, full_mask: Tensor, start: int, delta: Tensor | None, model) -> Tensor:
-        """Positions of columns ``start:`` of a left-padded sequence: (N, L) or (3, N, L) for M-RoPE."""
-        pos = (full_mask.long().cumsum(-1) - 1)[:, start:]  # (N, L) text positions, padding skipped
-        if delta is not None:
-            pos = pos + delta  # (N, L)
-        return pos.unsqueeze(0).expand(3, -1, -1) if self.uses_mrope(model) else pos
-
     def positions_given_to_prefill(self, mask: Tensor, vision: VisionInputs, model) -> Tensor | None:
         """Positions to pass to a prefill over ids with ``mask``; None lets the model compute them."""
         return self.text_positions(mask, model)
+
+    continues_cache = True
+    """Whether a filled KV cache can be continued with a block of new tokens whose rows hold holes
+    (mask 0) and explicit positions: multi-turn decoding on one cache (mmgrpo.model.turns)."""
+    images_on_cache = True
+    """Whether that block may hold images (the forward embeds them on top of a filled cache)."""
+
+    def block_positions(
+        self, model, ids: Tensor, mask: Tensor, vision: VisionInputs, start: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Positions of a block of new tokens ids (n, W) (padding: mask 0) that follows a cache whose
+        rows continue at ``start`` (n,): (n, W), or (3, n, W) for M-RoPE; and each row's next position
+        after the block, (n,)."""
+        start = start.to(mask.device)
+        rel = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (n, W) text positions inside the block
+        pos = start[:, None] + rel  # (n, W)
+        after = start + mask.long().sum(dim=1)  # (n,)
+        return (pos.unsqueeze(0).expand(3, -1, -1) if self.uses_mrope(model) else pos), after
 
     def prefill_delta(self, model, vision: VisionInputs) -> Tensor | None:
         """The per-row offset (N, 1) of text positions after a prefill (M-RoPE with images), else None."""
@@ -263,6 +274,23 @@ class QwenVLAdapter(VisionLanguageAdapter):
             return _inner_model(model).rope_deltas  # (N, 1) offset left by the images
         return None
 
+    def block_positions(
+        self, model, ids: Tensor, mask: Tensor, vision: VisionInputs, start: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """With images in the block: the model's own 3-D layout of the block alone (text from 0, each
+        image in (t, h, w) after it), shifted to each row's start -- the layout is translation invariant,
+        so this equals the positions of those tokens in the whole sequence."""
+        if vision.empty or not self.uses_mrope(model):
+            return super().block_positions(model, ids, mask, vision, start)
+        grids = {k: vision.stacked(k).cpu() for k in ("image_grid_thw", "video_grid_thw") if k in vision.keys()}
+        ids, mask = ids.cpu(), mask.cpu()
+        rel, delta = _inner_model(model).get_rope_index(
+            ids, mm_token_type_ids=self.token_type_kwargs(ids)["mm_token_type_ids"], attention_mask=mask, **grids
+        )  # (3, n, W), (n, 1): delta = largest position + 1 - real tokens
+        start = start.cpu()
+        after = start + mask.long().sum(dim=1) + delta.reshape(-1).cpu()  # (n,)
+        return rel.cpu() + start[None, :, None], after
+
 
 class LlavaAdapter(VisionLanguageAdapter):
     """LLaVA-1.5 style: a CLIP/SigLIP tower, ``pixel_values`` (images, C, H, W), one fixed-size block of
@@ -288,6 +316,7 @@ class Idefics3Adapter(VisionLanguageAdapter):
     padding images)."""
 
     name = "idefics3"
+    images_on_cache = False  # not tested on a filled cache: a turn with images encodes again
     vision_keys = ("pixel_values", "pixel_attention_mask")
     batched_keys = ("pixel_values", "pixel_attention_mask")
     encoder_keys = ("pixel_values", "pixel_attention_mask")
@@ -299,6 +328,8 @@ class Gemma3Adapter(VisionLanguageAdapter):
     tokens) with which image tokens attend to each other in both directions (text stays causal)."""
 
     name = "gemma3"
+    continues_cache = False  # its sliding-window cache layers keep only the last window of a row
+    images_on_cache = False  # training on a shared prompt cache with response images: gradients off by 2e-3
     vision_param_keys = ("vision_tower", "multi_modal_projector")
     placeholder_attrs = ("image_token_id", "image_token_index", "boi_token_index", "eoi_token_index")
 

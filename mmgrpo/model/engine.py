@@ -8,9 +8,10 @@ Two ways to get response logits, with the same numbers (tested):
 
 - full: one forward over prompt + response for every row;
 - shared: when rows come in runs of G sharing a prompt, encode each prompt (and its images) once, repeat
-  its key/value cache G times and run the G responses on it (3.9x faster on the counting demo's batch).
-  Used when the responses hold no images; a response with images (a tool's crop or zoom) takes the full
-  path, where the model lays out the 3-D positions of every image of the sequence itself.
+  its key/value cache G times and run the G responses on it in one batched pass (3.9x faster on the
+  counting demo's batch), images inside the responses (a tool's crop or zoom) included, laid out by the
+  adapter's ``block_positions``; families whose adapter says ``images_on_cache = False`` take the full
+  path for such responses.
 
 Generation uses the same prefill: B prompts encoded once, G samples decoded on the repeated cache.
 """
@@ -101,6 +102,10 @@ def reserve(cache, extra: int) -> int:
     other layer kinds (sliding windows, static caches) are left as they are. Returns how many changed."""
     changed = 0
     for layer in getattr(cache, "layers", []):
+        if type(layer) is _ReservedLayer:
+            if layer._room - layer.keys.shape[-2] >= extra:
+                continue  # room enough already
+            layer.__class__ = DynamicLayer  # reserve again, with the filled part copied over
         if type(layer) is not DynamicLayer or not layer.is_initialized or layer.keys.dim() != 4:
             continue
         N, H, L, D = layer.keys.shape
@@ -178,33 +183,82 @@ def generate(
     without ``return_logprobs``).
     """
     logits, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)  # (N, V)
-    reserve(cache, max_new_tokens)
-    mask = mask.repeat_interleave(G, dim=0).to(device)  # (N, L), grows a column per step
-    done = torch.zeros(mask.shape[0], dtype=torch.bool, device=device)  # (N,)
-    stops = torch.as_tensor(stop_ids, device=device)  # (S,)
+    state = DecodeState(cache, mask.repeat_interleave(G, dim=0).to(device), next_positions(mask, G, delta, device))
+    sampling = Sampling(temperature, top_p, top_k, stop_ids, pad_token_id, return_logprobs)
+    new, logps, _ = decode(model, adapter, logits, state, sampling, max_new_tokens)
+    return new, logps
+
+
+class DecodeState:
+    """What a decode loop continues from: the KV cache of N rows, its attention mask (N, L) (0 on left
+    padding and on the columns a finished row was fed padding), and the position the next token of each
+    row takes, (N,) (for M-RoPE models the text position, the same on all three axes)."""
+
+    def __init__(self, cache, mask: Tensor, next_pos: Tensor) -> None:
+        self.cache, self.mask, self.next_pos = cache, mask, next_pos
+
+
+class Sampling:
+    """How tokens are drawn and when a row stops (see ``sample_tokens``)."""
+
+    def __init__(self, temperature, top_p, top_k, stop_ids, pad_token_id, return_logprobs=True) -> None:
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.stop_ids, self.pad_token_id, self.return_logprobs = list(stop_ids), pad_token_id, return_logprobs
+
+
+def next_positions(mask: Tensor, G: int, delta: Tensor | None, device) -> Tensor:
+    """The position of the first new token of each of B left-padded rows repeated G times, (B*G,):
+    the row's real token count, plus the M-RoPE offset its images left (``delta``, (B*G, 1))."""
+    pos = mask.long().sum(dim=1).repeat_interleave(G, dim=0).to(device)  # (N,)
+    return pos if delta is None else pos + delta.reshape(-1).to(device)
+
+
+def decode(
+    model, adapter: CausalLMAdapter, logits: Tensor, state: DecodeState, sampling: Sampling, max_new_tokens: int
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Sample up to ``max_new_tokens`` per row from ``logits`` (N, V) on, feeding each token to ``state``
+    (its cache, mask and positions advance in place). A row stops at its first stop id; after it the row
+    is fed padding with mask 0, so the cache stays a correct record of every row for a later turn.
+
+    Returns the new ids (N, t), pad after each row's stop; their log-probs (N, t) or None; and how many of
+    each row's new tokens are in the cache, (N,): the last sampled token of the turn never is (it would be
+    fed only to predict a token nobody samples).
+    """
+    reserve(state.cache, max_new_tokens)
+    mrope = adapter.uses_mrope(model)
+    N = logits.shape[0]
+    device = logits.device
+    done = torch.zeros(N, dtype=torch.bool, device=device)  # (N,)
+    fed = torch.zeros(N, dtype=torch.long, device=device)  # (N,) new tokens of each row in the cache
+    stops = torch.as_tensor(sampling.stop_ids, device=device)  # (S,)
     steps, logps = [], []
+    t = sampling.temperature
     for _ in range(max_new_tokens):
-        nxt = sample_tokens(logits, temperature, top_p, top_k, adapter.suppress_ids)  # (N,)
-        nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)  # (N,)
-        if return_logprobs:
-            scaled = logits.float() / (temperature if temperature > 0 else 1.0)  # (N, V)
+        nxt = sample_tokens(logits, t, sampling.top_p, sampling.top_k, adapter.suppress_ids)  # (N,)
+        nxt = torch.where(done, torch.full_like(nxt, sampling.pad_token_id), nxt)  # (N,)
+        if sampling.return_logprobs:
+            scaled = logits.float() / (t if t > 0 else 1.0)  # (N, V)
             logps.append(torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1))  # (N,)
         steps.append(nxt)
+        real = ~done  # (N,) this token belongs to its row's turn
         done |= torch.isin(nxt, stops)
         if bool(done.all()) or len(steps) == max_new_tokens:
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (N, L + t + 1)
+        state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (N, L + 1)
+        pos = state.next_pos[:, None]  # (N, 1)
         logits = model(
             input_ids=nxt[:, None],
-            attention_mask=mask,
-            position_ids=adapter.continuation_positions(mask, mask.shape[1] - 1, delta, model),
-            **{cache_kwarg(model): cache},
+            attention_mask=state.mask,
+            position_ids=pos.unsqueeze(0).expand(3, -1, -1) if mrope else pos,
+            **{cache_kwarg(model): state.cache},
             use_cache=True,
         ).logits[:, -1, :]  # (N, V)
+        state.next_pos = state.next_pos + real.long()
+        fed += real.long()
     if not steps:
-        empty = torch.zeros((mask.shape[0], 0))
-        return empty.long(), empty
-    return torch.stack(steps, dim=1), torch.stack(logps, dim=1) if logps else None  # (N, t), (N, t)
+        empty = torch.zeros((N, 0), device=device)
+        return empty.long(), empty, fed
+    return torch.stack(steps, dim=1), torch.stack(logps, dim=1) if logps else None, fed  # (N, t), (N, t)
 
 
 def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:
@@ -222,7 +276,9 @@ def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, dev
 
 
 def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device) -> Tensor:
-    """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses."""
+    """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses on it
+    in one batched pass, images of the responses (a tool's crop or zoom) included: their positions come
+    from ``adapter.block_positions`` after each row's prompt."""
     N, P = batch.prompt_ids.shape
     heads = list(range(0, N, G))  # first row of each group
     owners = batch.row_prompts()
@@ -230,12 +286,12 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
     first, cache, delta = prefill(
         model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G, device
     )
+    start = next_positions(batch.prompt_mask[heads], G, delta, device)  # (N,)
+    rv = batch.response_vision if batch.has_response_images else VisionInputs.none(N)
     full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(device)  # (N, P + T)
+    kw = adapter.forward_kwargs(batch.response_ids, full_mask, rv, device, model_dtype(model))
+    pos, _ = adapter.block_positions(model, batch.response_ids, batch.response_mask, rv, start)
     rest = model(
-        input_ids=batch.response_ids.to(device),
-        attention_mask=full_mask,
-        position_ids=adapter.continuation_positions(full_mask, P, delta, model),
-        **{cache_kwarg(model): cache},
-        use_cache=True,
+        **kw, position_ids=pos.to(device), **{cache_kwarg(model): cache}, use_cache=True
     ).logits  # (N, T, V): column t predicts response token t + 1
     return torch.cat([first.unsqueeze(1), rest[:, :-1, :]], dim=1)  # (N, T, V)

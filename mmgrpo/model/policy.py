@@ -530,8 +530,9 @@ class Policy:
         Differentiable for the policy; no graph for the reference. Positions outside response_mask hold
         garbage that callers mask out. When rows come in groups sharing a prompt (``prompt_index``) and
         ``share_prompt`` is on, each prompt (and its images) is encoded once and its key/value cache is
-        repeated for the G responses: the same numbers and gradients, a fraction of the compute. Responses
-        that hold images (tool results) take one full forward per row (see mmgrpo.model.engine).
+        repeated for the G responses: the same numbers and gradients, a fraction of the compute; responses
+        that hold images (tool results) run in the same batched pass on it, except in families whose
+        adapter says ``images_on_cache = False`` (one full forward per row there).
         ``with_entropy`` also returns each position's entropy of softmax(logits / temperature), (N, T),
         differentiable with ``entropy_grad`` (the entropy bonus), else without a graph (a metric).
         """
@@ -542,7 +543,8 @@ class Policy:
             batch = dataclasses.replace(batch, vision=batch.vision.without_encoded())
         # the shared prefill needs a KV cache, which gradient checkpointing turns off in training passes
         checkpointing = checkpointing_on(unwrap(model)) and model.training
-        share = share_prompt and not batch.has_response_images and not checkpointing
+        images_ok = not batch.has_response_images or self.adapter.images_on_cache
+        share = share_prompt and images_ok and not checkpointing
         G = batch.shared_prompt_runs() if share else 1
         base_only = (
             unwrap(model).disable_adapter()

@@ -10,7 +10,11 @@ turn per batched generation:
   append   the env's new messages are rendered by the chat template and appended as new token ids
            (``Policy.encode_continuation``: a prefix extension, checked), images processed once and kept
            with their row; earlier turns are never decoded and re-encoded;
-  turn k   the live rows' whole sequences are encoded and the next turn sampled.
+  turn k   the KV cache of turn 1 lives on (``mmgrpo.model.turns``): finished rows leave it, and only the
+           tokens it lacks (the env's new turn, its images) are run before the next turn is sampled. The
+           prompt stays encoded once per group, earlier turns are never run again. Families that cannot
+           continue a cache (Gemma 3's sliding layers; see ``turns.supported``) encode the live rows'
+           whole sequences instead, as does a Policy subclass that samples with its own ``generate``.
 
 An episode ends when the env terminates or truncates it, when a turn ends without a stop token
 (``max_new_tokens`` per turn), at ``max_turns`` policy turns, or when its response would exceed the token
@@ -41,6 +45,7 @@ from mmgrpo.errors import ConfigError, DataError, EnvError
 from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.model.policy import Policy
+from mmgrpo.model.turns import TurnDecoder, supported
 from mmgrpo.verifier import Episode
 
 TRUNCATION_REASONS = ("max_new_tokens", "max_turns", "token_budget", "env")
@@ -146,8 +151,12 @@ def rollout(
     top_k: int = 0,
     max_turns: int = 1,
     max_episode_tokens: int | None = None,
+    kv_across_turns: bool = True,
 ) -> RolloutBatch:
-    """Run len(seeds) * group_size episodes; ``envs`` holds that many env instances (row order)."""
+    """Run len(seeds) * group_size episodes; ``envs`` holds that many env instances (row order).
+
+    ``kv_across_turns=False`` encodes every live row's whole sequence again at each turn (the way before
+    the cache was kept; the tests compare both)."""
     if max_turns < 1:
         raise ConfigError(f"env.max_turns={max_turns}: an episode needs at least one policy turn")
     B, G = len(seeds), group_size
@@ -201,16 +210,24 @@ def rollout(
     closed = [True] * N  # per row, whether its last turn ended at the end-of-turn token
 
     # turn 1: one prompt encoding per group, G samples each
-    new_ids, finished = policy.generate(
-        prompt_ids,
-        prompt_mask,
-        vision,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        num_samples=G,
-    )
+    # a Policy subclass (or instance) that samples with its own generate: every turn goes through it
+    own_sampler = getattr(policy.generate, "__func__", None) is not Policy.generate
+    decoder = None
+    if kv_across_turns and max_turns > 1 and supported(policy) and not own_sampler:
+        decoder = TurnDecoder(policy, temperature=temperature, top_p=top_p, top_k=top_k)
+        new_ids, finished = decoder.first(prompt_ids, prompt_mask, vision, G, max_new_tokens)
+    else:
+        new_ids, finished = policy.generate(
+            prompt_ids,
+            prompt_mask,
+            vision,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            num_samples=G,
+        )
+    latest: dict[int, VisionInputs] = {}  # per live row, the images of its latest env turn
     live = list(range(N))
     while True:
         # the policy's turn: keep the sampled ids as they are
@@ -265,9 +282,18 @@ def rollout(
             t.loss_mask += [0] * len(ids)
             if not new_vision.empty:
                 resp_images[i].append(new_vision)
+            latest[i] = new_vision
             live.append(i)
         if not live:
             break
+        turn_budget = [max(1, min(max_new_tokens, budget - len(trajs[i].response_ids))) for i in live]
+        if decoder is not None and decoder.can_continue([latest[i] for i in live]):
+            new_ids, finished = decoder.next(
+                live, [trajs[i].response_ids for i in live], [latest[i] for i in live], max(turn_budget)
+            )
+            _cut_to_budgets(new_ids, finished, turn_budget)
+            continue
+        decoder = None  # re-encoded from here on: a kept cache would miss this turn
         # turn k: the live rows' whole sequences (prompt, then every turn so far), one sample each
         seqs = [
             _unpadded(prompt_ids[trajs[i].group], prompt_mask[trajs[i].group]) + trajs[i].response_ids
@@ -278,7 +304,6 @@ def rollout(
             vision.select([trajs[i].group for i in live]),
             VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
         )
-        turn_budget = [max(1, min(max_new_tokens, budget - len(trajs[i].response_ids))) for i in live]
         new_ids, finished = policy.generate(
             ids_k,
             mask_k,
@@ -290,9 +315,7 @@ def rollout(
             num_samples=1,
             use_hf_generate=False,
         )
-        for k, cap in enumerate(turn_budget):  # a row past its own budget ends there, truncated
-            if len(new_ids[k]) > cap:
-                new_ids[k], finished[k] = new_ids[k][:cap], False
+        _cut_to_budgets(new_ids, finished, turn_budget)
 
     response_ids, response_mask = pad_right([t.response_ids for t in trajs], policy.pad_token_id)  # (N, T)
     loss_mask, _ = pad_right([t.loss_mask for t in trajs], 0)  # (N, T)
@@ -311,6 +334,13 @@ def rollout(
         response_vision=None if response_vision.empty else response_vision,
     )
     return RolloutBatch(trajs, tokens, G, failed_tasks=failed)
+
+
+def _cut_to_budgets(new_ids: list[list[int]], finished: list[bool], budgets: list[int]) -> None:
+    """A row past its own token budget ends there, truncated (in place)."""
+    for k, cap in enumerate(budgets):
+        if len(new_ids[k]) > cap:
+            new_ids[k], finished[k] = new_ids[k][:cap], False
 
 
 def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[int]:

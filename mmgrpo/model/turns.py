@@ -1,0 +1,161 @@
+"""Multi-turn decoding on one KV cache that lives across the turns of a batch of episodes.
+
+Turn 1 encodes each of B prompts once and decodes G samples per prompt on the repeated cache (as
+``engine.generate``). For every later turn only the tokens the cache does not hold yet are run: the last
+token the policy sampled (a decode loop never feeds its final token) and the environment's new message,
+images included. Earlier turns and the prompt are never encoded again, so the prompt stays computed once
+per group in every turn.
+
+Ragged rows, one cache. Rows end at different turns and stop at different lengths:
+
+- finished episodes leave the cache (its rows are selected: compaction);
+- after a row's stop token it is fed padding with mask 0 (``engine.decode``), so holes in the middle of
+  a row are masked out;
+- each turn's new tokens are left-padded into one block (mask 0 on the padding), so the last column of
+  every row is its last real token and the next sample is read there;
+- positions are explicit: each row carries the position its next token takes (``DecodeState.next_pos``).
+  For Qwen-VL's 3-D M-RoPE, an image in the new tokens is laid out by the model's own ``get_rope_index``
+  over the new block alone, shifted to the row's next position (its layout is translation invariant),
+  and the row continues after the image's largest position.
+
+Families (the adapter's ``continues_cache`` / ``images_on_cache``): text-only causal LMs, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and LLaVA continue their cache with and
+without images; Idefics3 / SmolVLM continue it when the new tokens hold no image. Gemma 3 (sliding-window
+cache layers) and caches that cannot select rows fall back to encoding each live row's whole sequence
+again (``supported`` says which); the tests compare both ways token for token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import DynamicLayer
+
+from mmgrpo.model import engine
+from mmgrpo.model.batch import VisionInputs
+
+def supported(policy) -> bool:
+    """Whether ``policy``'s family continues a cache across turns at all (see the module docstring)."""
+    return policy.adapter.continues_cache
+
+
+class TurnDecoder:
+    """The decode state of N episodes across their turns. Rows are named by episode index (0..N-1)."""
+
+    def __init__(self, policy, *, temperature: float, top_p: float, top_k: int) -> None:
+        self.policy = policy
+        self.sampling = engine.Sampling(
+            temperature, top_p, top_k, policy.stop_ids, policy.pad_token_id, return_logprobs=False
+        )
+        self.state: engine.DecodeState | None = None
+        self.rows: list[int] = []  # episode index of each cache row
+        self.in_cache: dict[int, int] = {}  # per episode, how many of its response ids the cache holds
+        self.images_ok = policy.adapter.images_on_cache
+        self.last_logprobs: list[list[float]] | None = None
+        """With ``keep_logprobs``: each row's sampled log-probs of the last turn (tests compare them)."""
+        self.keep_logprobs = False
+
+    def can_continue(self, new_vision: list[VisionInputs]) -> bool:
+        """Whether the next turn can run on the kept cache (False: re-encode, see ``supported``)."""
+        if self.state is None or not self._plain_cache():
+            return False
+        return self.images_ok or all(v.empty for v in new_vision)
+
+    def _plain_cache(self) -> bool:
+        layers = getattr(self.state.cache, "layers", None)
+        kinds = (DynamicLayer, engine._ReservedLayer)  # not sliding windows, not static caches
+        return layers is not None and all(type(x) in kinds and x.keys.dim() == 4 for x in layers)
+
+    # ------------------------------------------------------------------------------------------ turns
+    @torch.no_grad()
+    def first(self, prompt_ids: Tensor, prompt_mask: Tensor, vision: VisionInputs, G: int, max_new_tokens: int):
+        """Turn 1 for B prompts x G samples: (completions, finished), rows b*G .. b*G+G-1 per prompt."""
+        p = self.policy
+        with self._mode():
+            logits, cache, delta = engine.prefill(
+                p.model, p.adapter, prompt_ids, prompt_mask, vision, G, p.device
+            )  # (N, V)
+            mask = prompt_mask.repeat_interleave(G, dim=0).to(p.device)  # (N, P)
+            self.state = engine.DecodeState(cache, mask, engine.next_positions(prompt_mask, G, delta, p.device))
+            self.rows = list(range(mask.shape[0]))
+            self.in_cache = dict.fromkeys(self.rows, 0)
+            return self._decode(logits, max_new_tokens)
+
+    @torch.no_grad()
+    def next(
+        self, episodes: list[int], responses: list[list[int]], new_vision: list[VisionInputs], max_new_tokens: int
+    ):
+        """The next turn of ``episodes`` (a subset of the rows still in the cache, in any order), whose
+        response ids so far are ``responses`` (the cache holds a prefix of each) and whose latest env
+        turn brought the images ``new_vision``. Returns (completions, finished) in ``episodes``' order."""
+        p = self.policy
+        st = self.state
+        where = {e: k for k, e in enumerate(self.rows)}
+        keep = torch.as_tensor([where[e] for e in episodes], device=p.device)  # (n,) compaction
+        select_rows(st.cache, keep)
+        st.mask, st.next_pos = st.mask[keep], st.next_pos[keep]
+        self.rows = list(episodes)
+        pending = [r[self.in_cache[e] :] for e, r in zip(episodes, responses, strict=True)]
+        W = max(len(x) for x in pending)
+        n = len(episodes)
+        ids = torch.full((n, W), p.pad_token_id, dtype=torch.long)  # (n, W) left-padded block
+        bmask = torch.zeros((n, W), dtype=torch.long)  # (n, W)
+        for k, x in enumerate(pending):
+            ids[k, W - len(x) :] = torch.as_tensor(x, dtype=torch.long)
+            bmask[k, W - len(x) :] = 1
+        vision = VisionInputs.concat_rows(new_vision)
+        with self._mode():
+            pos, after = p.adapter.block_positions(p.model, ids, bmask, vision, st.next_pos)  # (n, W) / (3, n, W)
+            full = torch.cat([st.mask, bmask.to(st.mask)], dim=1)  # (n, L + W)
+            kw = p.adapter.forward_kwargs(ids, full, vision, p.device, engine.model_dtype(p.model))
+            kw["input_ids"] = ids.to(p.device)
+            engine.reserve(st.cache, W + max_new_tokens)  # the block and the turn after it
+            logits = p.model(
+                **kw, position_ids=pos.to(p.device), **{engine.cache_kwarg(p.model): st.cache}, use_cache=True
+            ).logits[:, -1, :]  # (n, V)
+            st.mask, st.next_pos = full, after.to(p.device)
+            for e, r in zip(episodes, responses, strict=True):
+                self.in_cache[e] = len(r)
+            return self._decode(logits, max_new_tokens)
+
+    def _decode(self, logits: Tensor, max_new_tokens: int):
+        p = self.policy
+        self.sampling.return_logprobs = self.keep_logprobs
+        new, logps, fed = engine.decode(p.model, p.adapter, logits, self.state, self.sampling, max_new_tokens)
+        completions, finished = p._cut_at_stop(new.tolist())
+        for e, f in zip(self.rows, fed.tolist(), strict=True):
+            self.in_cache[e] += f  # the sampled tokens the loop fed (all but a row's last, at most)
+        if self.keep_logprobs:
+            self.last_logprobs = [row[: len(c)] for row, c in zip(logps.tolist(), completions, strict=True)]
+        return completions, finished
+
+    def _mode(self):
+        return _EvalMode(self.policy)
+
+
+class _EvalMode:
+    """The model in eval mode under the policy's autocast for the block; training mode restored after."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.ctx = policy, policy.autocast()
+
+    def __enter__(self):
+        self.was = self.policy.model.training
+        self.policy.model.eval()
+        self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        self.ctx.__exit__(*exc)
+        self.policy.model.train(self.was)
+        return False
+
+
+def select_rows(cache, rows: Tensor) -> None:
+    """Keep the batch rows ``rows`` (n,) of every layer of ``cache``, in that order (a copy; a reserved
+    layer becomes a plain one, to be reserved again)."""
+    for layer in cache.layers:
+        keys, values = layer.keys[rows], layer.values[rows]  # (n, H, L, D)
+        if type(layer) is not DynamicLayer:
+            layer.__class__ = DynamicLayer
+            for attr in ("_kbuf", "_vbuf", "_room"):
+                layer.__dict__.pop(attr, None)
+        layer.keys, layer.values = keys, values

@@ -1,0 +1,90 @@
+"""The KV cache kept across turns (mmgrpo.model.turns): the same episodes as encoding every turn again, and
+sampled log-probs equal to what training computes, on text and on images that arrive mid-episode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmgrpo.model import turns
+from mmgrpo.rollout.episodes import rollout
+from tests.test_multiturn import ZoomOnceEnv
+
+
+def _rollout(policy, envs, seeds, kv: bool, seed: int = 0, **kw):
+    torch.manual_seed(seed)
+    return rollout(
+        policy, envs, seeds, group_size=4, max_new_tokens=8, temperature=1.0, max_turns=3, kv_across_turns=kv, **kw
+    )
+
+
+@pytest.fixture
+def ragged_stops(tiny_policy):
+    """Stop ids that a random model samples often, so rows end their turns at different lengths."""
+    old = list(tiny_policy.stop_ids)
+    vocab = tiny_policy.model.config.get_text_config().vocab_size
+    tiny_policy.stop_ids = sorted(set(old) | set(range(40, vocab, 3)))
+    yield tiny_policy
+    tiny_policy.stop_ids = old
+
+
+@pytest.mark.parametrize("with_image", [False, True])
+def test_kept_cache_gives_the_episodes_of_encoding_every_turn(ragged_stops, with_image):
+    policy = ragged_stops
+    seeds = [3, 8]
+    runs = []
+    for kv in (True, False):
+        envs = [ZoomOnceEnv(with_image=with_image, turns_before_end=1 + i % 2) for i in range(8)]  # 2 or 3 turns
+        runs.append(_rollout(policy, envs, seeds, kv))
+    kept, again = runs
+    assert [t.response_ids for t in kept.trajectories] == [t.response_ids for t in again.trajectories]
+    assert [t.loss_mask for t in kept.trajectories] == [t.loss_mask for t in again.trajectories]
+    assert max(t.turns for t in kept.trajectories) == 3  # episodes really went on for three turns
+    assert len({sum(t.loss_mask) for t in kept.trajectories}) > 1  # ragged: turns of different lengths
+    assert len({t.turns for t in kept.trajectories}) > 1  # rows leave the cache at different turns
+
+
+@pytest.mark.parametrize("with_image", [False, True])
+def test_sampled_ids_and_logprobs_on_the_kept_cache_are_what_training_reads(tiny_policy, ragged_stops, with_image, monkeypatch):
+    policy = tiny_policy
+    record: list[tuple[list[int], list[list[float]]]] = []
+    decode = turns.TurnDecoder._decode
+
+    def recording(self, logits, max_new_tokens):
+        self.keep_logprobs = True
+        out = decode(self, logits, max_new_tokens)
+        record.append((list(self.rows), self.last_logprobs, out[0]))
+        return out
+
+    monkeypatch.setattr(turns.TurnDecoder, "_decode", recording)
+    envs = [ZoomOnceEnv(with_image=with_image, turns_before_end=2) for _ in range(8)]
+    batch = _rollout(policy, envs, [5, 6], True)
+    assert len(record) >= 2  # the first turn and at least one turn on the kept cache
+    sampled: dict[int, list[float]] = {}
+    sampled_ids: dict[int, list[int]] = {}
+    for rows, lps, ids in record:
+        for e, lp, x in zip(rows, lps, ids, strict=True):
+            sampled.setdefault(e, []).extend(lp)
+            sampled_ids.setdefault(e, []).extend(x)
+    with torch.no_grad():
+        trained = policy.logprobs(batch.tokens, share_prompt=False)  # (N, T) one full forward per row
+    for i, t in enumerate(batch.trajectories):
+        where = [k for k, m in enumerate(t.loss_mask) if m]
+        assert [t.response_ids[k] for k in where] == sampled_ids[i]  # trained ids = sampled ids
+        got = trained[i, where]
+        assert len(where) == len(sampled[i])
+        assert torch.allclose(got, torch.tensor(sampled[i]), atol=1e-5), (i, got, sampled[i])
+
+
+def test_a_family_without_a_continuable_cache_falls_back(ragged_stops, monkeypatch):
+    monkeypatch.setattr(type(ragged_stops.adapter), "continues_cache", False)
+    assert not turns.supported(ragged_stops)
+    made = []
+    monkeypatch.setattr(turns.TurnDecoder, "first", lambda *a, **k: made.append(1))
+    runs = []
+    for kv in (True, False):
+        envs = [ZoomOnceEnv(with_image=False, turns_before_end=2) for _ in range(8)]
+        runs.append(_rollout(ragged_stops, envs, [1, 2], kv))
+    assert not made
+    assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]
+    assert max(t.turns for t in runs[0].trajectories) == 3
