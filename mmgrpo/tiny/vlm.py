@@ -52,7 +52,9 @@ TAG_TOKENS = [
 # Like Qwen2.5's it renders ``tools=`` into the system message and ``tool`` messages as <tool_response>
 # blocks inside one user turn (consecutive tool messages share it). Unlike the real Qwen template it adds
 # no default system prompt, so that a run of later messages renders to exactly the tokens that follow the
-# earlier ones (multi-turn episodes append without re-encoding).
+# earlier ones (multi-turn episodes append without re-encoding). An assistant message with ``tool_calls``
+# (OpenAI-style, as TRL and transformers' response parsing write them; mmgrpo itself never does) renders as
+# Qwen2.5's does: ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` after its text, if any.
 _PARTS = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
@@ -62,6 +64,20 @@ _PARTS = (
     "{% endif %}{% endfor %}{% endif %}"
 )
 NL = "{{ '\\n' }}"  # a newline right after a block tag: HF renders templates with trim_blocks=True
+# The assistant branch for ``tool_calls`` (Qwen2.5's): its text (when not empty), then one block per call.
+_TOOL_CALLS = (
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{% set body %}" + _PARTS + "{% endset %}"
+    "<|im_start|>assistant{% if body %}" + NL + "{{ body }}{% endif %}"
+    "{% for call in message['tool_calls'] %}"
+    "{% if call['function'] is defined %}{% set call = call['function'] %}{% endif %}"
+    + NL
+    + "<tool_call>"
+    + NL
+    + "{{ '{\"name\": \"' }}{{ call['name'] }}{{ '\", \"arguments\": ' }}{{ call['arguments'] | tojson }}{{ '}' }}"
+    + NL
+    + "</tool_call>{% endfor %}<|im_end|>\n"
+)
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
     "{% if messages[0]['role'] == 'system' %}{% set message = messages[0] %}"
@@ -86,7 +102,8 @@ CHAT_TEMPLATE = (
     + NL
     + "</tool_response>"
     "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
-    "{% else %}"
+    + _TOOL_CALLS
+    + "{% else %}"
     "<|im_start|>{{ message['role'] }}\n" + _PARTS + "<|im_end|>\n"
     "{% endif %}"
     "{% endfor %}"
