@@ -217,33 +217,43 @@ def make_envs():
 class ForcedTurns:
     """Every policy turn exactly ``length`` tokens, ending with the end-of-turn token.
 
-    A forward hook on the policy model, active in no-grad calls with ``use_cache=True`` only (sampling):
-    a call over more than one position starts a turn (a prefill: the prompt, or the tokens since the last
-    turn), a one-position call is the next decode step. Before the turn's last token the stop tokens are
-    masked; at it, everything but the end-of-turn token is."""
+    Wraps the engine's sampler (``mmgrpo.model.engine.sample_tokens``, one call per sampled token on every
+    engine version) so that before a turn's last token the stop tokens are masked and at it everything but
+    the end-of-turn token is. A turn starts at a prefill (``engine.prefill``: turn 1, and every turn of an
+    engine that encodes each turn again) or at a decode loop (``engine.decode``, where the engine has one:
+    every turn on a kept KV cache); both reset the count. Works whichever way the engine runs its forwards
+    (the model's own, or a lean decode step that bypasses it)."""
 
     def __init__(self, policy, length: int) -> None:
+        from mmgrpo.model import engine
+
         self.length, self.j = length, 0
         self.stop = sorted(set(policy.stop_ids))
         end = getattr(policy, "end_of_turn_id", None)
         self.end = end if end is not None else self.stop[0]
-        policy.model.register_forward_hook(self.hook, with_kwargs=True)
+        sample = engine.sample_tokens
 
-    def hook(self, module, args, kwargs, out):
-        import torch
+        def forced(logits, *args, **kwargs):
+            logits = logits.clone()  # (N, V)
+            if self.j >= self.length - 1:
+                logits.fill_(float("-inf"))
+                logits[:, self.end] = 0.0
+            else:
+                logits[:, self.stop] = float("-inf")
+            self.j += 1
+            return sample(logits, *args, **kwargs)
 
-        if torch.is_grad_enabled() or not kwargs.get("use_cache"):
-            return None
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        n = ids.shape[1] if ids is not None else kwargs["inputs_embeds"].shape[1]
-        self.j = self.j + 1 if n == 1 else 0
-        last = out.logits[:, -1, :]  # (N, V), a view: edited in place
-        if self.j >= self.length - 1:
-            last.fill_(float("-inf"))
-            last[:, self.end] = 0.0
-        else:
-            last[:, self.stop] = float("-inf")
-        return None
+        engine.sample_tokens = forced
+        for name in ("prefill", "decode"):
+            if hasattr(engine, name):
+                setattr(engine, name, self._resetting(getattr(engine, name)))
+
+    def _resetting(self, fn):
+        def wrapped(*args, **kwargs):
+            self.j = 0
+            return fn(*args, **kwargs)
+
+        return wrapped
 
 
 def shape_sets(spec: Spec) -> list[str]:

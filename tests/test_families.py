@@ -244,13 +244,26 @@ def test_shared_pass_with_tool_images_equals_full_forward(family):
     tok = rollout(policy, envs, [0, 1, 2], group_size=2, max_new_tokens=6, max_turns=3).tokens
     assert tok.has_response_images == (name in VISION_FAMILIES)
     mask = tok.loss_mask.bool()
+    assert len(set(tok.response_mask.sum(dim=1).tolist())) > 1  # rows of different lengths
     results = []
-    for share in (False, True):
+    for share, overhead in ((False, 0), (True, 10**6), (True, 0)):  # full; shared in one pass; per length
         policy.model.zero_grad()
-        lp = policy.logprobs(tok, share_prompt=share)  # (N, T)
+        with _length_passes(overhead):
+            lp = policy.logprobs(tok, share_prompt=share)  # (N, T)
         torch.where(mask, lp, 0.0).sum().backward()
         grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
         results.append((torch.where(mask, lp, 0.0).detach(), grad))
-    (lp_full, g_full), (lp_shared, g_shared) = results
-    torch.testing.assert_close(lp_shared, lp_full, atol=1e-5, rtol=1e-5)
-    assert (g_shared - g_full).norm() / g_full.norm() < 1e-5
+    (lp_full, g_full), *shared = results
+    for lp_shared, g_shared in shared:
+        torch.testing.assert_close(lp_shared, lp_full, atol=1e-5, rtol=1e-5)
+        assert (g_shared - g_full).norm() / g_full.norm() < 1e-5
+
+
+def _length_passes(overhead: int):
+    """engine.length_chunks with this per-pass overhead (0: a pass per distinct length, up to 4)."""
+    from unittest import mock
+
+    from mmgrpo.model import engine
+
+    real = engine.length_chunks
+    return mock.patch.object(engine, "length_chunks", lambda lengths: real(lengths, overhead=overhead))

@@ -88,3 +88,15 @@ def test_a_family_without_a_continuable_cache_falls_back(ragged_stops, monkeypat
     assert not made
     assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]
     assert max(t.turns for t in runs[0].trajectories) == 3
+
+
+def test_the_lean_decode_step_samples_what_the_model_forward_samples(ragged_stops, monkeypatch):
+    from mmgrpo.model import engine, lean
+
+    assert lean.stepper(ragged_stops.model) is not None  # the tiny Qwen2.5-VL decodes through it
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(engine, "LEAN_DECODE", on)
+        envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(8)]
+        runs.append(_rollout(ragged_stops, envs, [4, 9], True))
+    assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]

@@ -18,6 +18,7 @@ Generation uses the same prefill: B prompts encoded once, G samples decoded on t
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 
@@ -25,8 +26,14 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer
 
+from mmgrpo.model import lean
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
+
+
+LEAN_DECODE = True
+"""Decode steps through ``mmgrpo.model.lean`` where the model's layout allows (False: always the model's
+own forward; the tests compare both)."""
 
 
 def cache_kwarg(model) -> str:
@@ -226,6 +233,7 @@ def decode(
     """
     reserve(state.cache, max_new_tokens)
     mrope = adapter.uses_mrope(model)
+    lean_step = lean.stepper(model) if LEAN_DECODE else None  # None: the model's own forward
     N = logits.shape[0]
     device = logits.device
     done = torch.zeros(N, dtype=torch.bool, device=device)  # (N,)
@@ -245,14 +253,17 @@ def decode(
         if bool(done.all()) or len(steps) == max_new_tokens:
             break
         state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (N, L + 1)
-        pos = state.next_pos[:, None]  # (N, 1)
-        logits = model(
-            input_ids=nxt[:, None],
-            attention_mask=state.mask,
-            position_ids=pos.unsqueeze(0).expand(3, -1, -1) if mrope else pos,
-            **{cache_kwarg(model): state.cache},
-            use_cache=True,
-        ).logits[:, -1, :]  # (N, V)
+        if lean_step is not None:
+            logits = lean_step(nxt, state.next_pos, state.mask, state.cache)  # (N, V)
+        else:
+            pos = state.next_pos[:, None]  # (N, 1)
+            logits = model(
+                input_ids=nxt[:, None],
+                attention_mask=state.mask,
+                position_ids=pos.unsqueeze(0).expand(3, -1, -1) if mrope else pos,
+                **{cache_kwarg(model): state.cache},
+                use_cache=True,
+            ).logits[:, -1, :]  # (N, V)
         state.next_pos = state.next_pos + real.long()
         fed += real.long()
     if not steps:
@@ -276,22 +287,102 @@ def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, dev
 
 
 def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device) -> Tensor:
-    """Encode each of the N/G distinct prompts once, repeat its KV cache G times, run the responses on it
-    in one batched pass, images of the responses (a tool's crop or zoom) included: their positions come
-    from ``adapter.block_positions`` after each row's prompt."""
+    """Encode each of the N/G distinct prompts once and run the responses on its KV cache, images inside
+    the responses (a tool's crop or zoom) included, their positions from ``adapter.block_positions``.
+
+    The responses run in a few passes of rows of similar length (``length_chunks``), each trimmed to its
+    longest row, so that one long multi-turn episode does not pad every row of the batch to its length;
+    each pass takes its rows' prompt caches by index (differentiable: gradients flow back into the one
+    prompt encoding). Returns (N, T, V); positions past a row's response hold zeros (callers mask them).
+    """
     N, P = batch.prompt_ids.shape
+    T = batch.response_ids.shape[1]
     heads = list(range(0, N, G))  # first row of each group
     owners = batch.row_prompts()
     pv = batch.vision.select([owners[h] for h in heads])
     first, cache, delta = prefill(
-        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G, device
-    )
+        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, 1, device
+    )  # (B, V)
+    start = next_positions(batch.prompt_mask[heads], 1, delta, device)  # (B,)
+    if not hasattr(cache, "layers"):  # a custom cache: one pass on the cache repeated G times
+        return _responses_on_repeated(model, adapter, batch, G, device, first, cache, delta)
+    group = torch.arange(N) // G  # (N,) each row's prompt (head)
+    lengths = batch.response_mask.sum(dim=1)  # (N,)
+    rv_all = batch.response_vision if batch.has_response_images else None
+    pieces, order = [], []
+    for rows in length_chunks(lengths.tolist()):
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        t = max(int(lengths[idx].max()), 1)
+        g = group[idx].to(device)  # (n,)
+        rv = rv_all.select(rows) if rv_all is not None else VisionInputs.none(len(rows))
+        ids, rmask = batch.response_ids[idx, :t], batch.response_mask[idx, :t]  # (n, t)
+        full_mask = torch.cat([batch.prompt_mask[idx], rmask], dim=1).to(device)  # (n, P + t)
+        kw = adapter.forward_kwargs(ids, full_mask, rv, device, model_dtype(model))
+        pos, _ = adapter.block_positions(model, ids, rmask, rv, start[g])
+        rest = model(
+            **kw, position_ids=pos.to(device), **{cache_kwarg(model): rows_of_cache(cache, g)}, use_cache=True
+        ).logits  # (n, t, V): column j predicts response token j + 1
+        logits = torch.cat([first[g].unsqueeze(1), rest[:, :-1, :]], dim=1)  # (n, t, V)
+        pieces.append(torch.nn.functional.pad(logits, (0, 0, 0, T - t)))  # (n, T, V)
+        order += rows
+    inverse = torch.empty(N, dtype=torch.long)
+    inverse[torch.as_tensor(order)] = torch.arange(N)
+    return torch.cat(pieces)[inverse.to(device)]  # (N, T, V) in row order
+
+
+def _responses_on_repeated(model, adapter, batch, G, device, first, cache, delta) -> Tensor:
+    """One pass over every row on the prompt cache repeated G times (caches that cannot select rows)."""
+    N, P = batch.prompt_ids.shape
+    if G > 1 and not repeat_cache(cache, G):
+        rows = [b for b in range(N // G) for _ in range(G)]
+        heads = list(range(0, N, G))
+        ids, mask = batch.prompt_ids[heads], batch.prompt_mask[heads]
+        pv = batch.vision.select([batch.row_prompts()[h] for h in heads])
+        first, cache, delta = prefill(model, adapter, ids[rows], mask[rows], pv.select(rows), 1, device)
+    else:
+        first = first.repeat_interleave(G, dim=0)
+        delta = None if delta is None else delta.repeat_interleave(G, dim=0)
+    heads = list(range(0, N, G))
     start = next_positions(batch.prompt_mask[heads], G, delta, device)  # (N,)
     rv = batch.response_vision if batch.has_response_images else VisionInputs.none(N)
     full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(device)  # (N, P + T)
     kw = adapter.forward_kwargs(batch.response_ids, full_mask, rv, device, model_dtype(model))
     pos, _ = adapter.block_positions(model, batch.response_ids, batch.response_mask, rv, start)
-    rest = model(
-        **kw, position_ids=pos.to(device), **{cache_kwarg(model): cache}, use_cache=True
-    ).logits  # (N, T, V): column t predicts response token t + 1
+    rest = model(**kw, position_ids=pos.to(device), **{cache_kwarg(model): cache}, use_cache=True).logits
     return torch.cat([first.unsqueeze(1), rest[:, :-1, :]], dim=1)  # (N, T, V)
+
+
+def rows_of_cache(cache, rows: Tensor):
+    """A new cache of the same class holding batch rows ``rows`` (n,) of ``cache`` (an index: the
+    gradient flows back into ``cache``'s tensors); ``cache`` itself is left as it is."""
+    out = copy.copy(cache)
+    out.layers = []
+    for layer in cache.layers:
+        new = copy.copy(layer)
+        if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
+            new.keys, new.values = layer.keys[rows], layer.values[rows]
+        out.layers.append(new)
+    return out
+
+
+def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> list[list[int]]:
+    """Rows cut into at most ``most`` passes of similar length: sorted by length, cut where the padded
+    area (rows x longest row, summed over passes) plus ``overhead`` tokens per pass is least (an exact
+    search over the cuts). e.g. 20 rows of 50 tokens and one of 150: two passes (20 x 50 + 150 + 2 x 512
+    = 2174 padded tokens, against 21 x 150 + 512 = 3662); equal lengths: one pass."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    L = [max(lengths[i], 1) for i in order]
+    n = len(L)
+    best = {(0, 0): (0, [])}  # (rows placed, passes) -> (cost, cut points)
+    for k in range(1, most + 1):
+        for j in range(1, n + 1):
+            options = [
+                (best[(i, k - 1)][0] + (j - i) * L[j - 1] + overhead, best[(i, k - 1)][1] + [j])
+                for i in range(j)
+                if (i, k - 1) in best
+            ]
+            if options:
+                best[(j, k)] = min(options)
+    cost, cuts = min(best[(n, k)] for k in range(1, most + 1) if (n, k) in best)
+    bounds = [0, *cuts]
+    return [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
