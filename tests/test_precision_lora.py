@@ -285,8 +285,8 @@ def test_samples_and_tensorboard_logging(tiny_model_dir, tmp_path):
 def test_a_cache_without_batch_repetition_falls_back_to_encoding_each_row(
     tiny_policy, counting_tokens, monkeypatch
 ):
-    """The shared-prompt paths need the cache's batch repetition; without it each prompt is encoded G times
-    and the numbers are the same."""
+    """The shared-prompt paths take a prompt cache's rows by index or repeat them; a cache that can do
+    neither (a custom class) has each prompt encoded G times, with the same numbers."""
     from mmgrpo.model import engine
 
     with torch.no_grad():
@@ -296,6 +296,7 @@ def test_a_cache_without_batch_repetition_falls_back_to_encoding_each_row(
     greedy, _ = tiny_policy.generate(ids, mask, vision, max_new_tokens=5, temperature=0.0, num_samples=4)
     calls = []
     monkeypatch.setattr(engine, "repeat_cache", lambda cache, G: calls.append(G) or False)
+    monkeypatch.setattr(engine, "selects_rows", lambda cache: False)
     with torch.no_grad():
         got = tiny_policy.logprobs(counting_tokens)
     again, _ = tiny_policy.generate(ids, mask, vision, max_new_tokens=5, temperature=0.0, num_samples=4)

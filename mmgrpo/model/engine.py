@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicLayer
 from mmgrpo.model import lean
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
+from mmgrpo.model.prefix import SharedPrefix
 
 
 LEAN_DECODE = True
@@ -189,8 +190,7 @@ def generate(
     top-p / top-k; temperature 1 when greedy), (B*G, t) -- what training recomputes for its ratio (None
     without ``return_logprobs``).
     """
-    logits, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)  # (N, V)
-    state = DecodeState(cache, mask.repeat_interleave(G, dim=0).to(device), next_positions(mask, G, delta, device))
+    logits, state = start(model, adapter, ids, mask, vision, G, device)  # (N, V)
     sampling = Sampling(temperature, top_p, top_k, stop_ids, pad_token_id, return_logprobs)
     new, logps, _ = decode(model, adapter, logits, state, sampling, max_new_tokens)
     return new, logps
@@ -199,10 +199,36 @@ def generate(
 class DecodeState:
     """What a decode loop continues from: the KV cache of N rows, its attention mask (N, L) (0 on left
     padding and on the columns a finished row was fed padding), and the position the next token of each
-    row takes, (N,) (for M-RoPE models the text position, the same on all three axes)."""
+    row takes, (N,) (for M-RoPE models the text position, the same on all three axes).
 
-    def __init__(self, cache, mask: Tensor, next_pos: Tensor) -> None:
-        self.cache, self.mask, self.next_pos = cache, mask, next_pos
+    With ``prefix`` (mmgrpo.model.prefix) each group's prompt is held once there and ``cache`` holds each
+    row's own tokens only; ``mask`` still covers the whole sequence, prompt first."""
+
+    def __init__(self, cache, mask: Tensor, next_pos: Tensor, prefix: SharedPrefix | None = None) -> None:
+        self.cache, self.mask, self.next_pos, self.prefix = cache, mask, next_pos, prefix
+
+    def unshare(self) -> None:
+        """Every row's prompt copied in front of its own tokens: a plain cache (for the model's forward)."""
+        if self.prefix is not None:
+            self.cache, self.prefix = self.prefix.materialize(self.cache), None
+
+
+@torch.no_grad()
+def start(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, G: int, device):
+    """Prefill B left-padded prompts for G samples each: the logits of each row's first token (B*G, V)
+    and the decode state. Where the lean step runs (``LEAN_DECODE``, a known layout) the prompts stay one
+    row per group (a ``SharedPrefix``); otherwise the cache is repeated G times."""
+    shared = G > 1 and LEAN_DECODE and lean.stepper(model) is not None
+    logits, cache, delta = prefill(model, adapter, ids, mask, vision, 1 if shared else G, device)
+    rows_mask = mask.repeat_interleave(G, dim=0).to(device)  # (N, P)
+    if not shared or not selects_rows(cache):
+        if shared:  # a cache without layers: repeat it after all
+            logits, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)
+        return logits, DecodeState(cache, rows_mask, next_positions(mask, G, delta, device))
+    delta = None if delta is None else delta.repeat_interleave(G, dim=0)
+    prefix, own = SharedPrefix.split(cache, mask, G)
+    state = DecodeState(own, rows_mask, next_positions(mask, G, delta, device), prefix)
+    return logits.repeat_interleave(G, dim=0), state
 
 
 class Sampling:
@@ -234,6 +260,8 @@ def decode(
     reserve(state.cache, max_new_tokens)
     mrope = adapter.uses_mrope(model)
     lean_step = lean.stepper(model) if LEAN_DECODE else None  # None: the model's own forward
+    if lean_step is None:
+        state.unshare()
     N = logits.shape[0]
     device = logits.device
     done = torch.zeros(N, dtype=torch.bool, device=device)  # (N,)
@@ -254,7 +282,7 @@ def decode(
             break
         state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (N, L + 1)
         if lean_step is not None:
-            logits = lean_step(nxt, state.next_pos, state.mask, state.cache)  # (N, V)
+            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix)  # (N, V)
         else:
             pos = state.next_pos[:, None]  # (N, 1)
             logits = model(
@@ -304,7 +332,7 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
         model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, 1, device
     )  # (B, V)
     start = next_positions(batch.prompt_mask[heads], 1, delta, device)  # (B,)
-    if not hasattr(cache, "layers"):  # a custom cache: one pass on the cache repeated G times
+    if not selects_rows(cache):  # a custom cache: one pass on the cache repeated G times
         return _responses_on_repeated(model, adapter, batch, G, device, first, cache, delta)
     group = torch.arange(N) // G  # (N,) each row's prompt (head)
     lengths = batch.response_mask.sum(dim=1)  # (N,)
@@ -350,6 +378,13 @@ def _responses_on_repeated(model, adapter, batch, G, device, first, cache, delta
     pos, _ = adapter.block_positions(model, batch.response_ids, batch.response_mask, rv, start)
     rest = model(**kw, position_ids=pos.to(device), **{cache_kwarg(model): cache}, use_cache=True).logits
     return torch.cat([first.unsqueeze(1), rest[:, :-1, :]], dim=1)  # (N, T, V)
+
+
+def selects_rows(cache) -> bool:
+    """Whether ``cache`` is made of layers with key / value tensors whose rows can be taken by index (the
+    prompt held once per group, ``rows_of_cache``); custom caches without them are repeated instead."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(isinstance(getattr(x, "keys", None), Tensor) for x in layers)
 
 
 def rows_of_cache(cache, rows: Tensor):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmgrpo.model.adapters import unwrap
+from mmgrpo.model.prefix import SharedPrefix, grouped_attention
 
 LAYERS = {"Qwen2DecoderLayer", "Qwen2VLDecoderLayer", "Qwen2_5_VLDecoderLayer", "LlamaDecoderLayer", "Qwen3DecoderLayer"}
 """Decoder layer classes whose forward this step reproduces."""
@@ -36,23 +37,32 @@ class LeanStep:
     def __init__(self, text_model, lm_head, mrope: bool) -> None:
         self.text, self.lm_head, self.mrope = text_model, lm_head, mrope
 
-    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor, cache) -> Tensor:
-        """ids (N,) the tokens fed, positions (N,) theirs, mask (N, L) of the cache after they are added
-        (1 = attend). Returns the next-token logits (N, V); the cache grows by one column per layer."""
+    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor, cache, prefix: SharedPrefix | None = None) -> Tensor:
+        """ids (N,) the tokens fed, positions (N,) theirs, mask (N, L) of the sequence after they are
+        added (1 = attend). Returns the next-token logits (N, V); the cache grows by one column per layer.
+        With ``prefix`` the cache holds each row's own tokens only and the first ``prefix.length``
+        columns of ``mask`` are its group's prompt (see mmgrpo.model.prefix)."""
         tm = self.text
         h = tm.embed_tokens(ids[:, None])  # (N, 1, H)
         pos = positions[:, None]  # (N, 1)
         cos, sin = tm.rotary_emb(h, pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos)  # (N, 1, D)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, 1, D) broadcast over heads
-        attend = mask.bool()[:, None, None, :]  # (N, 1, 1, L)
+        if prefix is None:
+            attend = mask.bool()[:, None, None, :]  # (N, 1, 1, L)
+        else:
+            own = mask[:, prefix.length :]  # (N, R)
+            neg = torch.finfo(h.dtype).min
+            attend = torch.zeros(own.shape, dtype=h.dtype, device=h.device).masked_fill(own == 0, neg)
+            attend = attend[:, None, None, :]  # (N, 1, 1, R) additive
         for i, layer in enumerate(tm.layers):
-            h = h + self._attention(layer.self_attn, layer.input_layernorm(h), cos, sin, attend, cache.layers[i])
+            x = layer.input_layernorm(h)
+            h = h + self._attention(layer.self_attn, x, cos, sin, attend, cache.layers[i], prefix, i)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = tm.norm(h)  # (N, 1, H)
         return self.lm_head(h[:, -1, :])  # (N, V)
 
     @staticmethod
-    def _attention(attn, x: Tensor, cos: Tensor, sin: Tensor, attend: Tensor, layer) -> Tensor:
+    def _attention(attn, x: Tensor, cos: Tensor, sin: Tensor, attend: Tensor, layer, prefix, i: int) -> Tensor:
         """One layer's self-attention for one new token per row: x (N, 1, H) -> (N, 1, H)."""
         N = x.shape[0]
         D = attn.head_dim
@@ -66,7 +76,10 @@ class LeanStep:
         keys, values = layer.update(k, v)  # (N, Hk, L, D) each, the new column included
         Hq, Hk = q.shape[1], keys.shape[1]
         q = q.reshape(N, Hk, Hq // Hk, D)  # (N, Hk, G, D): a group's query heads as G query rows
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=attn.scaling)
+        if prefix is not None:
+            out = grouped_attention(q, keys, values, attend, prefix, i, attn.scaling)  # (N, Hk, G, D)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=attn.scaling)
         return attn.o_proj(out.reshape(N, 1, Hq * D))  # (N, 1, H)
 
 

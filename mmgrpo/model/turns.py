@@ -71,12 +71,8 @@ class TurnDecoder:
         """Turn 1 for B prompts x G samples: (completions, finished), rows b*G .. b*G+G-1 per prompt."""
         p = self.policy
         with self._mode():
-            logits, cache, delta = engine.prefill(
-                p.model, p.adapter, prompt_ids, prompt_mask, vision, G, p.device
-            )  # (N, V)
-            mask = prompt_mask.repeat_interleave(G, dim=0).to(p.device)  # (N, P)
-            self.state = engine.DecodeState(cache, mask, engine.next_positions(prompt_mask, G, delta, p.device))
-            self.rows = list(range(mask.shape[0]))
+            logits, self.state = engine.start(p.model, p.adapter, prompt_ids, prompt_mask, vision, G, p.device)
+            self.rows = list(range(logits.shape[0]))
             self.in_cache = dict.fromkeys(self.rows, 0)
             return self._decode(logits, max_new_tokens)
 
@@ -92,6 +88,8 @@ class TurnDecoder:
         where = {e: k for k, e in enumerate(self.rows)}
         keep = torch.as_tensor([where[e] for e in episodes], device=p.device)  # (n,) compaction
         select_rows(st.cache, keep)
+        if st.prefix is not None:
+            st.prefix.select(keep)
         st.mask, st.next_pos = st.mask[keep], st.next_pos[keep]
         self.rows = list(episodes)
         pending = [r[self.in_cache[e] :] for e, r in zip(episodes, responses, strict=True)]
@@ -108,10 +106,14 @@ class TurnDecoder:
             full = torch.cat([st.mask, bmask.to(st.mask)], dim=1)  # (n, L + W)
             kw = p.adapter.forward_kwargs(ids, full, vision, p.device, engine.model_dtype(p.model))
             kw["input_ids"] = ids.to(p.device)
-            engine.reserve(st.cache, W + max_new_tokens)  # the block and the turn after it
+            cache = st.cache if st.prefix is None else st.prefix.materialize(st.cache)  # the whole rows
+            if st.prefix is None:
+                engine.reserve(cache, W + max_new_tokens)  # the block and the turn after it
             logits = p.model(
-                **kw, position_ids=pos.to(p.device), **{engine.cache_kwarg(p.model): st.cache}, use_cache=True
+                **kw, position_ids=pos.to(p.device), **{engine.cache_kwarg(p.model): cache}, use_cache=True
             ).logits[:, -1, :]  # (n, V)
+            if st.prefix is not None:
+                st.prefix.strip(cache, st.cache)  # the rows' own tokens, the block's included
             st.mask, st.next_pos = full, after.to(p.device)
             for e, r in zip(episodes, responses, strict=True):
                 self.in_cache[e] = len(r)

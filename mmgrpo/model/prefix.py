@@ -1,0 +1,158 @@
+"""A group's prompt held once in the decode cache, and attention that reads it once per group.
+
+Sampling G episodes per prompt used to repeat each prompt's keys and values G times, and every decode
+step then read the prompt G times per layer: on the tools recipe (a 243-token prompt, responses of about
+50) four fifths of the cache are prompt copies. Here the prompt cache stays as the prefill left it, one
+row per group (``SharedPrefix``), and each episode's cache row holds only its own tokens. A decode step's
+attention (``grouped_attention``) scores the queries of all rows of a group against their prompt in one
+product, scores each row against its own tokens, and takes one softmax over both parts: the numbers of
+attention over the concatenated row (to float rounding; tested against the model's forward).
+
+Rows are laid out in a grid of groups x slots (``GroupGrid``): after episodes end, a group keeps fewer
+live rows, and the grid pads it; a decode step moves queries and probabilities in and out of the grid by
+index, never the keys. The model's own forward (a turn's new block, images included) runs on the
+concatenated cache (``materialize``), once per turn.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+
+class GroupGrid:
+    """Rows (n,) laid out as groups x slots: ``slot`` (n,) a row's cell, ``groups`` the distinct groups in
+    grid order, ``S`` the slots per group. A full batch of B groups x G rows in order is the identity."""
+
+    def __init__(self, group: Tensor) -> None:
+        group = group.cpu()
+        self.groups = torch.unique(group)  # (B',) sorted
+        rank = torch.searchsorted(self.groups, group)  # (n,) each row's group in grid order
+        counts = torch.bincount(rank, minlength=len(self.groups))  # (B',)
+        self.S = int(counts.max())
+        within = torch.zeros_like(rank)
+        seen: dict[int, int] = {}
+        for i, r in enumerate(rank.tolist()):  # a row's place among its group's rows
+            within[i] = seen.get(r, 0)
+            seen[r] = within[i].item() + 1
+        self.slot = rank * self.S + within  # (n,)
+        self.n, self.B = len(group), len(self.groups)
+        self.identity = bool((self.slot == torch.arange(self.n)).all()) and self.n == self.B * self.S
+
+    def to_grid(self, x: Tensor) -> Tensor:
+        """Per-row x (n, H, g, K) -> per-group (B', H, S * g, K), empty cells zero."""
+        n, H, g, K = x.shape
+        if not self.identity:
+            grid = x.new_zeros((self.B * self.S, H, g, K))
+            grid[self.slot.to(x.device)] = x
+            x = grid
+        return x.view(self.B, self.S, H, g, K).transpose(1, 2).reshape(self.B, H, self.S * g, K)
+
+    def from_grid(self, y: Tensor, g: int) -> Tensor:
+        """The inverse of ``to_grid`` for y (B', H, S * g, K): per-row (n, H, g, K)."""
+        B, H, _, K = y.shape
+        y = y.view(B, H, self.S, g, K).transpose(1, 2).reshape(B * self.S, H, g, K)
+        return y if self.identity else y[self.slot.to(y.device)]
+
+
+class SharedPrefix:
+    """Per layer the prompt keys / values of the live groups, (B', Hk, P, D), their mask (B', P) as an
+    additive bias, each row's group, and the row grid."""
+
+    def __init__(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, group: Tensor) -> None:
+        self.keys, self.values = keys, values
+        self.mask = mask  # (B, P) 1 = a real prompt token
+        self.group = group.cpu()  # (n,) index into the B rows of keys / values / mask
+        self._layout()
+
+    @classmethod
+    def split(cls, cache, mask: Tensor, G: int) -> tuple[SharedPrefix, object]:
+        """A prefill cache of B prompts (one row each) as their prefix, shared by G rows per prompt, and
+        an empty cache of the same class for the B * G rows' own tokens."""
+        keys = [layer.keys for layer in cache.layers]
+        values = [layer.values for layer in cache.layers]
+        group = torch.arange(mask.shape[0]).repeat_interleave(G)  # (B * G,)
+        rest = copy.copy(cache)
+        rest.layers = []
+        for layer in cache.layers:
+            new = copy.copy(layer)
+            B, H, _, D = layer.keys.shape
+            new.keys = layer.keys.new_zeros((B * G, H, 0, D))  # (N, Hk, 0, D)
+            new.values = layer.values.new_zeros((B * G, H, 0, layer.values.shape[-1]))
+            rest.layers.append(new)
+        return cls(keys, values, mask.to(keys[0].device), group), rest
+
+    def _layout(self) -> None:
+        self.grid = GroupGrid(self.group)
+        live = self.grid.groups.to(self.keys[0].device)
+        if len(live) != self.keys[0].shape[0] or not bool((live == torch.arange(len(live), device=live.device)).all()):
+            self.keys = [k[live] for k in self.keys]  # keep only the groups with live rows
+            self.values = [v[live] for v in self.values]
+            self.mask = self.mask[live]
+            self.group = torch.searchsorted(self.grid.groups, self.group)
+            self.grid = GroupGrid(self.group)
+        neg = torch.finfo(self.keys[0].dtype).min
+        self.bias = torch.zeros(self.mask.shape, dtype=self.keys[0].dtype, device=self.keys[0].device)
+        self.bias = self.bias.masked_fill(self.mask == 0, neg)[:, None, None, :]  # (B', 1, 1, P)
+        self.row_bias = self.bias[self.group.to(self.bias.device)]  # (n, 1, 1, P)
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[-2]
+
+    def select(self, rows: Tensor) -> None:
+        """Keep the rows ``rows`` (n,) (episodes that go on), in that order."""
+        self.group = self.group[rows.cpu()]
+        self._layout()
+
+    def materialize(self, rest) -> object:
+        """A cache of ``rest``'s class with each row's prompt in front of its own tokens (for a forward of
+        the model's own); ``rest`` is left as it is."""
+        full = copy.copy(rest)
+        full.layers = []
+        idx = self.group.to(self.keys[0].device)
+        for i, layer in enumerate(rest.layers):
+            new = copy.copy(layer)
+            new.__class__ = _plain_class(layer)
+            for attr in ("_kbuf", "_vbuf", "_room"):
+                new.__dict__.pop(attr, None)
+            new.keys = torch.cat([self.keys[i][idx], layer.keys], dim=-2)  # (n, Hk, P + R, D)
+            new.values = torch.cat([self.values[i][idx], layer.values], dim=-2)
+            full.layers.append(new)
+        return full
+
+    def strip(self, full, rest) -> None:
+        """Back from ``materialize`` after a forward appended columns: ``rest`` takes each row's own part
+        of ``full`` (everything after the prompt)."""
+        P = self.length
+        for layer, f in zip(rest.layers, full.layers, strict=True):
+            layer.__class__ = _plain_class(layer)
+            for attr in ("_kbuf", "_vbuf", "_room"):
+                layer.__dict__.pop(attr, None)
+            layer.keys, layer.values = f.keys[:, :, P:], f.values[:, :, P:]
+
+
+def _plain_class(layer):
+    """The cache layer class under engine's reserved-room layer (which keeps ``_room`` in its dict)."""
+    return layer.__class__.__mro__[1] if "_room" in layer.__dict__ else layer.__class__
+
+
+def grouped_attention(
+    q: Tensor, keys: Tensor, values: Tensor, rest_bias: Tensor, prefix: SharedPrefix, layer: int, scale: float
+) -> Tensor:
+    """Attention of one new token per row over its group's prompt and its own tokens.
+
+    q (n, Hk, g, D): the g query heads of each key/value head; keys, values (n, Hk, R, D) the rows' own
+    tokens; rest_bias (n, 1, 1, R) additive (0 or the dtype's min). Returns (n, Hk, g, D).
+    """
+    g = q.shape[2]
+    grid = prefix.grid
+    s_pre = torch.matmul(grid.to_grid(q), prefix.keys[layer].transpose(-1, -2))  # (B', Hk, S*g, P)
+    s_pre = grid.from_grid(s_pre, g) * scale + prefix.row_bias  # (n, Hk, g, P)
+    s_own = torch.matmul(q, keys.transpose(-1, -2)) * scale + rest_bias  # (n, Hk, g, R)
+    p = torch.cat([s_pre, s_own], dim=-1).float().softmax(dim=-1).to(q.dtype)  # (n, Hk, g, P + R)
+    P = s_pre.shape[-1]
+    out = grid.from_grid(torch.matmul(grid.to_grid(p[..., :P]), prefix.values[layer]), g)  # (n, Hk, g, D)
+    return out + torch.matmul(p[..., P:], values)
