@@ -100,3 +100,19 @@ def test_the_lean_decode_step_samples_what_the_model_forward_samples(ragged_stop
         envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(8)]
         runs.append(_rollout(ragged_stops, envs, [4, 9], True))
     assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]
+
+
+def test_the_lean_step_is_used_where_the_layout_is_known(tmp_path):
+    """The lean step takes the Llama-style stacks of the tiny families and refuses the others (which then
+    decode through the model's own forward); it is chosen by layout, never by family name."""
+    from mmgrpo.model import lean
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.tiny.families import FAMILIES, build_tiny_family
+
+    lean_families = {
+        f
+        for f in FAMILIES
+        if lean.make_stepper(Policy.from_pretrained(build_tiny_family(f, tmp_path / f.replace(".", "_"))).model)
+    }
+    assert lean_families >= {"qwen2-vl", "qwen2.5-vl", "qwen3", "llama"}
+    assert not lean_families & {"gemma3", "idefics3"}

@@ -218,7 +218,7 @@ def start(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: Vi
     """Prefill B left-padded prompts for G samples each: the logits of each row's first token (B*G, V)
     and the decode state. Where the lean step runs (``LEAN_DECODE``, a known layout) the prompts stay one
     row per group (a ``SharedPrefix``); otherwise the cache is repeated G times."""
-    shared = G > 1 and LEAN_DECODE and lean.stepper(model) is not None
+    shared = G > 1 and LEAN_DECODE and lean.stepper(model, adapter.uses_mrope(model)) is not None
     logits, cache, delta = prefill(model, adapter, ids, mask, vision, 1 if shared else G, device)
     rows_mask = mask.repeat_interleave(G, dim=0).to(device)  # (N, P)
     if not shared or not selects_rows(cache):
@@ -259,7 +259,7 @@ def decode(
     """
     reserve(state.cache, max_new_tokens)
     mrope = adapter.uses_mrope(model)
-    lean_step = lean.stepper(model) if LEAN_DECODE else None  # None: the model's own forward
+    lean_step = lean.stepper(model, mrope) if LEAN_DECODE else None  # None: the model's own forward
     if lean_step is None:
         state.unshare()
     N = logits.shape[0]

@@ -9,14 +9,17 @@ one boolean mask (N, 1, 1, L) read straight from the decode state and attention 
 (the G query heads of a group as G query rows: no copies). Same numbers as the model's forward (tested
 through the sampled = trained log-probs checks of every family).
 
-Layouts it knows: the Llama-style decoder layer (``input_layernorm``, ``self_attn`` with q/k/v/o
-projections, ``post_attention_layernorm``, ``mlp``) of Qwen2, Qwen2-VL, Qwen2.5-VL, Llama and Qwen3 (with
-its per-head q/k norms), full attention in every layer. Anything else (sliding windows, Qwen3-VL's
-interleaved M-RoPE and deepstack, Gemma 3, Idefics3's text model, custom code) decodes through the model's
-own forward: ``stepper`` returns None for it.
+Which models: it checks the layout, not the family name: every decoder layer made of exactly
+``self_attn``, ``mlp``, ``input_layernorm`` and ``post_attention_layernorm``, the attention of exactly q/k/v/o
+projections (and per-head ``q_norm`` / ``k_norm``, as Qwen3's), a plain embedding, full attention in every
+layer. That is the Llama-style stack of Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3, Qwen3-VL, Llama and LLaVA's
+language model in the tiny families; Gemma 3 (extra norms, scaled embeddings, sliding layers), Idefics3's
+text model and custom code decode through the model's own forward (``stepper`` returns None).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +28,9 @@ from torch import Tensor
 from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.prefix import SharedPrefix, grouped_attention
 
-LAYERS = {"Qwen2DecoderLayer", "Qwen2VLDecoderLayer", "Qwen2_5_VLDecoderLayer", "LlamaDecoderLayer", "Qwen3DecoderLayer"}
-"""Decoder layer classes whose forward this step reproduces."""
-MROPE_MODELS = {"qwen2_vl", "qwen2_5_vl"}
-"""Model types whose rotary embedding takes 3-D positions (a text token: the same position three times)."""
+LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+ATTENTION_PARTS = ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"q_norm", "k_norm"})
+"""The child modules of a layer and of its attention that this step reproduces (the second set optional)."""
 
 
 class LeanStep:
@@ -36,6 +38,8 @@ class LeanStep:
 
     def __init__(self, text_model, lm_head, mrope: bool) -> None:
         self.text, self.lm_head, self.mrope = text_model, lm_head, mrope
+        norms = [text_model.norm] + [n for x in text_model.layers for n in (x.input_layernorm, x.post_attention_layernorm)]
+        self.plain_norms = {id(n) for n in norms if _is_plain_rms_norm(n)}
 
     def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor, cache, prefix: SharedPrefix | None = None) -> Tensor:
         """ids (N,) the tokens fed, positions (N,) theirs, mask (N, L) of the sequence after they are
@@ -54,12 +58,19 @@ class LeanStep:
             neg = torch.finfo(h.dtype).min
             attend = torch.zeros(own.shape, dtype=h.dtype, device=h.device).masked_fill(own == 0, neg)
             attend = attend[:, None, None, :]  # (N, 1, 1, R) additive
+        norm = self.norm
         for i, layer in enumerate(tm.layers):
-            x = layer.input_layernorm(h)
+            x = norm(layer.input_layernorm, h)
             h = h + self._attention(layer.self_attn, x, cos, sin, attend, cache.layers[i], prefix, i)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h = tm.norm(h)  # (N, 1, H)
+            h = h + layer.mlp(norm(layer.post_attention_layernorm, h))
+        h = norm(tm.norm, h)  # (N, 1, H)
         return self.lm_head(h[:, -1, :])  # (N, V)
+
+    def norm(self, module, x: Tensor) -> Tensor:
+        """``module(x)``, as one fused RMS norm when ``module`` was found to be a plain one."""
+        if id(module) in self.plain_norms:
+            return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+        return module(x)
 
     @staticmethod
     def _attention(attn, x: Tensor, cos: Tensor, sin: Tensor, attend: Tensor, layer, prefix, i: int) -> Tensor:
@@ -72,7 +83,8 @@ class LeanStep:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (N, Hq, 1, D), (N, Hk, 1, D)
         v = attn.v_proj(x).view(N, 1, -1, D).transpose(1, 2)  # (N, Hk, 1, D)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        Hq = q.shape[1]
+        q, k = _rotate(torch.cat([q, k], dim=1), cos, sin).split([Hq, k.shape[1]], dim=1)  # one rotation
         keys, values = layer.update(k, v)  # (N, Hk, L, D) each, the new column included
         Hq, Hk = q.shape[1], keys.shape[1]
         q = q.reshape(N, Hk, Hq // Hk, D)  # (N, Hk, G, D): a group's query heads as G query rows
@@ -83,29 +95,61 @@ class LeanStep:
         return attn.o_proj(out.reshape(N, 1, Hq * D))  # (N, 1, H)
 
 
+def _is_plain_rms_norm(module) -> bool:
+    """Whether ``module`` computes ``weight * x / sqrt(mean(x^2) + eps)`` (checked on a probe vector, so
+    that a variant such as Gemma's ``(1 + weight)`` never passes for it)."""
+    weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
+    if not isinstance(weight, Tensor) or weight.dim() != 1 or not isinstance(eps, float):
+        return False
+    probe = torch.linspace(-2.0, 3.0, weight.shape[0], device=weight.device, dtype=weight.dtype)[None]
+    with torch.no_grad():
+        want = module(probe)
+        got = F.rms_norm(probe, (weight.shape[0],), weight, eps)
+    return want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-5, atol=1e-6))
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding of x (N, heads, 1, D) with cos, sin (N, 1, 1, D) (the halves convention)."""
     a, b = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-b, a), dim=-1) * sin
 
 
-def stepper(model) -> LeanStep | None:
-    """The lean step for ``model``, or None when its layout is not one this module knows."""
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stepper(model, mrope: bool = False) -> LeanStep | None:
+    """The lean step for ``model``, made once per model (see ``make_stepper``)."""
+    key = unwrap(model)
+    if key not in _STEPS:
+        _STEPS[key] = (make_stepper(model, mrope),)
+    return _STEPS[key][0]
+
+
+def make_stepper(model, mrope: bool = False) -> LeanStep | None:
+    """The lean step for ``model`` (``mrope``: its rotary embedding takes 3-D positions, see the
+    adapter's ``uses_mrope``), or None when its layout is not the one this module reproduces."""
     m = unwrap(model)
     if hasattr(m, "get_base_model"):
         m = m.get_base_model()
-    config = m.config
-    text_config = config.get_text_config()
+    text_config = m.config.get_text_config()
     inner = getattr(m, "model", None)
     text = getattr(inner, "language_model", inner)
     lm_head = getattr(m, "lm_head", None)
     layers = getattr(text, "layers", None)
-    if lm_head is None or layers is None or not all(type(x).__name__ in LAYERS for x in layers):
+    if lm_head is None or not layers or not all(hasattr(text, a) for a in ("embed_tokens", "rotary_emb", "norm")):
+        return None
+    if type(text.embed_tokens) is not torch.nn.Embedding:  # e.g. Gemma's scaled embedding
         return None
     if any(t != "full_attention" for t in (getattr(text_config, "layer_types", None) or [])):
         return None
     if getattr(text_config, "use_sliding_window", False) or getattr(text_config, "attn_logit_softcapping", None):
         return None
-    if not all(hasattr(text, a) for a in ("embed_tokens", "rotary_emb", "norm")):
-        return None
-    return LeanStep(text, lm_head, config.model_type in MROPE_MODELS)
+    for layer in layers:
+        attn = getattr(layer, "self_attn", None)
+        parts = {n for n, _ in layer.named_children()}
+        own = {n for n, _ in attn.named_children()} if attn is not None else set()
+        if parts != LAYER_PARTS or not (own == ATTENTION_PARTS[0] or own == ATTENTION_PARTS[0] | ATTENTION_PARTS[1]):
+            return None
+        if not (hasattr(attn, "head_dim") and hasattr(attn, "scaling")):
+            return None
+    return LeanStep(text, lm_head, mrope)
