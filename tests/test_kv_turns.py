@@ -116,3 +116,32 @@ def test_the_lean_step_is_used_where_the_layout_is_known(tmp_path):
     }
     assert lean_families >= {"qwen2-vl", "qwen2.5-vl", "qwen3", "llama"}
     assert not lean_families & {"gemma3", "idefics3"}
+
+
+def test_the_common_opening_of_a_batch_is_encoded_once_with_the_same_numbers(ragged_stops, monkeypatch):
+    """Prompts that begin alike (system message, tools block) share one encoding of that opening: the
+    training log-probs and gradients equal those of prompts encoded whole."""
+    from mmgrpo.model import system_prefix
+
+    policy = ragged_stops
+    envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(8)]
+    tok = _rollout(policy, envs, [2, 7], True).tokens
+    ids, mask = tok.prompt_ids[::4], tok.prompt_mask[::4]
+    stop = set(policy.adapter.suppress_ids) | {policy.adapter.image_token_id}
+    assert system_prefix.common_prefix(ids, mask, stop) >= system_prefix.MIN_SHARED
+    used = []
+    real = system_prefix.encode_prompts
+    monkeypatch.setattr(system_prefix, "encode_prompts", lambda *a: used.append(1) or real(*a))
+    results = []
+    for min_shared in (system_prefix.MIN_SHARED, 10**6):  # shared opening; every prompt whole
+        monkeypatch.setattr(system_prefix, "MIN_SHARED", min_shared)
+        policy.model.zero_grad()
+        lp = policy.logprobs(tok)  # (N, T)
+        m = tok.loss_mask.bool()
+        torch.where(m, lp, 0.0).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+        results.append((lp[m].detach(), grad))
+    assert used
+    (lp_shared, g_shared), (lp_whole, g_whole) = results
+    torch.testing.assert_close(lp_shared, lp_whole, atol=1e-5, rtol=0)
+    assert (g_shared - g_whole).norm() / g_whole.norm() < 1e-5

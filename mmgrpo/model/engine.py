@@ -18,7 +18,6 @@ Generation uses the same prefill: B prompts encoded once, G samples decoded on t
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 
@@ -29,7 +28,8 @@ from transformers.cache_utils import DynamicLayer
 from mmgrpo.model import lean
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
-from mmgrpo.model.prefix import SharedPrefix
+from mmgrpo.model import system_prefix
+from mmgrpo.model.prefix import SharedPrefix, rows_of_cache, selects_rows  # noqa: F401 (engine API)
 
 
 LEAN_DECODE = True
@@ -218,17 +218,35 @@ def start(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: Vi
     """Prefill B left-padded prompts for G samples each: the logits of each row's first token (B*G, V)
     and the decode state. Where the lean step runs (``LEAN_DECODE``, a known layout) the prompts stay one
     row per group (a ``SharedPrefix``); otherwise the cache is repeated G times."""
-    shared = G > 1 and LEAN_DECODE and lean.stepper(model, adapter.uses_mrope(model)) is not None
-    logits, cache, delta = prefill(model, adapter, ids, mask, vision, 1 if shared else G, device)
-    rows_mask = mask.repeat_interleave(G, dim=0).to(device)  # (N, P)
-    if not shared or not selects_rows(cache):
-        if shared:  # a cache without layers: repeat it after all
-            logits, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)
-        return logits, DecodeState(cache, rows_mask, next_positions(mask, G, delta, device))
-    delta = None if delta is None else delta.repeat_interleave(G, dim=0)
-    prefix, own = SharedPrefix.split(cache, mask, G)
-    state = DecodeState(own, rows_mask, next_positions(mask, G, delta, device), prefix)
-    return logits.repeat_interleave(G, dim=0), state
+    first, cache, begin, layout = encode_heads(model, adapter, ids, mask, vision, device)  # (B, V)
+    lean_ok = LEAN_DECODE and lean.stepper(model, adapter.uses_mrope(model)) is not None
+    rows_mask = layout.repeat_interleave(G, dim=0)  # (N, P')
+    next_pos = begin.repeat_interleave(G, dim=0)  # (N,)
+    if G > 1 and lean_ok and selects_rows(cache):
+        prefix, own = SharedPrefix.split(cache, layout, G)
+        return first.repeat_interleave(G, dim=0), DecodeState(own, rows_mask, next_pos, prefix)
+    if G == 1 or repeat_cache(cache, G):
+        return first.repeat_interleave(G, dim=0), DecodeState(cache, rows_mask, next_pos)
+    # a cache that can neither select nor repeat its rows: encode each prompt G times
+    first, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)
+    return first, DecodeState(cache, mask.repeat_interleave(G, dim=0).to(device), next_positions(mask, G, delta, device))
+
+
+def encode_heads(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device):
+    """B prompts encoded once each (their common opening once for all: mmgrpo.model.system_prefix).
+    Returns the next-token logits (B, V), the cache (B rows), each prompt's next position (B,) and the
+    cache's mask (B, P')."""
+
+    def forward(i, m, v, positions, cache):
+        kw = adapter.forward_kwargs(i, m, v, device, model_dtype(model))
+        extra = {} if cache is None else {cache_kwarg(model): cache}
+        return model(**kw, position_ids=positions.to(device), logits_to_keep=1, use_cache=True, **extra)
+
+    shared = system_prefix.encode_prompts(model, adapter, ids, mask, vision, device, forward)
+    if shared is not None:
+        return shared
+    first, cache, delta = prefill(model, adapter, ids, mask, vision, 1, device)
+    return first, cache, next_positions(mask, 1, delta, device), mask.to(device)
 
 
 class Sampling:
@@ -315,8 +333,9 @@ def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, dev
 
 
 def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device) -> Tensor:
-    """Encode each of the N/G distinct prompts once and run the responses on its KV cache, images inside
-    the responses (a tool's crop or zoom) included, their positions from ``adapter.block_positions``.
+    """Encode each of the N/G distinct prompts once (their common opening once for all) and run the
+    responses on its KV cache, images inside the responses (a tool's crop or zoom) included, their
+    positions from ``adapter.block_positions``.
 
     The responses run in a few passes of rows of similar length (``length_chunks``), each trimmed to its
     longest row, so that one long multi-turn episode does not pad every row of the batch to its length;
@@ -328,12 +347,11 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
     heads = list(range(0, N, G))  # first row of each group
     owners = batch.row_prompts()
     pv = batch.vision.select([owners[h] for h in heads])
-    first, cache, delta = prefill(
-        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, 1, device
-    )  # (B, V)
-    start = next_positions(batch.prompt_mask[heads], 1, delta, device)  # (B,)
-    if not selects_rows(cache):  # a custom cache: one pass on the cache repeated G times
-        return _responses_on_repeated(model, adapter, batch, G, device, first, cache, delta)
+    first, cache, start, layout = encode_heads(
+        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, device
+    )  # (B, V), B rows, (B,), (B, P')
+    if not selects_rows(cache):  # a custom cache: one pass on the prompts repeated G times
+        return _responses_on_repeated(model, adapter, batch, G, device)
     group = torch.arange(N) // G  # (N,) each row's prompt (head)
     lengths = batch.response_mask.sum(dim=1)  # (N,)
     rv_all = batch.response_vision if batch.has_response_images else None
@@ -344,7 +362,7 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
         g = group[idx].to(device)  # (n,)
         rv = rv_all.select(rows) if rv_all is not None else VisionInputs.none(len(rows))
         ids, rmask = batch.response_ids[idx, :t], batch.response_mask[idx, :t]  # (n, t)
-        full_mask = torch.cat([batch.prompt_mask[idx], rmask], dim=1).to(device)  # (n, P + t)
+        full_mask = torch.cat([layout[g], rmask.to(device)], dim=1)  # (n, P' + t)
         kw = adapter.forward_kwargs(ids, full_mask, rv, device, model_dtype(model))
         pos, _ = adapter.block_positions(model, ids, rmask, rv, start[g])
         rest = model(
@@ -358,19 +376,12 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
     return torch.cat(pieces)[inverse.to(device)]  # (N, T, V) in row order
 
 
-def _responses_on_repeated(model, adapter, batch, G, device, first, cache, delta) -> Tensor:
+def _responses_on_repeated(model, adapter, batch, G, device) -> Tensor:
     """One pass over every row on the prompt cache repeated G times (caches that cannot select rows)."""
     N, P = batch.prompt_ids.shape
-    if G > 1 and not repeat_cache(cache, G):
-        rows = [b for b in range(N // G) for _ in range(G)]
-        heads = list(range(0, N, G))
-        ids, mask = batch.prompt_ids[heads], batch.prompt_mask[heads]
-        pv = batch.vision.select([batch.row_prompts()[h] for h in heads])
-        first, cache, delta = prefill(model, adapter, ids[rows], mask[rows], pv.select(rows), 1, device)
-    else:
-        first = first.repeat_interleave(G, dim=0)
-        delta = None if delta is None else delta.repeat_interleave(G, dim=0)
     heads = list(range(0, N, G))
+    pv = batch.vision.select([batch.row_prompts()[h] for h in heads])
+    first, cache, delta = prefill(model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G, device)
     start = next_positions(batch.prompt_mask[heads], G, delta, device)  # (N,)
     rv = batch.response_vision if batch.has_response_images else VisionInputs.none(N)
     full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(device)  # (N, P + T)
@@ -378,26 +389,6 @@ def _responses_on_repeated(model, adapter, batch, G, device, first, cache, delta
     pos, _ = adapter.block_positions(model, batch.response_ids, batch.response_mask, rv, start)
     rest = model(**kw, position_ids=pos.to(device), **{cache_kwarg(model): cache}, use_cache=True).logits
     return torch.cat([first.unsqueeze(1), rest[:, :-1, :]], dim=1)  # (N, T, V)
-
-
-def selects_rows(cache) -> bool:
-    """Whether ``cache`` is made of layers with key / value tensors whose rows can be taken by index (the
-    prompt held once per group, ``rows_of_cache``); custom caches without them are repeated instead."""
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(isinstance(getattr(x, "keys", None), Tensor) for x in layers)
-
-
-def rows_of_cache(cache, rows: Tensor):
-    """A new cache of the same class holding batch rows ``rows`` (n,) of ``cache`` (an index: the
-    gradient flows back into ``cache``'s tensors); ``cache`` itself is left as it is."""
-    out = copy.copy(cache)
-    out.layers = []
-    for layer in cache.layers:
-        new = copy.copy(layer)
-        if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
-            new.keys, new.values = layer.keys[rows], layer.values[rows]
-        out.layers.append(new)
-    return out
 
 
 def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> list[list[int]]:

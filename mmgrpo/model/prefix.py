@@ -156,3 +156,23 @@ def grouped_attention(
     P = s_pre.shape[-1]
     out = grid.from_grid(torch.matmul(grid.to_grid(p[..., :P]), prefix.values[layer]), g)  # (n, Hk, g, D)
     return out + torch.matmul(p[..., P:], values)
+
+
+def selects_rows(cache) -> bool:
+    """Whether ``cache`` is made of layers with key / value tensors whose rows can be taken by index (the
+    prompt held once per group, ``rows_of_cache``); custom caches without them are repeated instead."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(isinstance(getattr(x, "keys", None), Tensor) for x in layers)
+
+
+def rows_of_cache(cache, rows: Tensor):
+    """A new cache of the same class holding batch rows ``rows`` (n,) of ``cache`` (an index: the
+    gradient flows back into ``cache``'s tensors); ``cache`` itself is left as it is."""
+    out = copy.copy(cache)
+    out.layers = []
+    for layer in cache.layers:
+        new = copy.copy(layer)
+        if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
+            new.keys, new.values = layer.keys[rows], layer.values[rows]
+        out.layers.append(new)
+    return out
