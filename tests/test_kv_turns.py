@@ -145,3 +145,21 @@ def test_the_common_opening_of_a_batch_is_encoded_once_with_the_same_numbers(rag
     (lp_shared, g_shared), (lp_whole, g_whole) = results
     torch.testing.assert_close(lp_shared, lp_whole, atol=1e-5, rtol=0)
     assert (g_shared - g_whole).norm() / g_whole.norm() < 1e-5
+
+
+def test_setting_finished_rows_aside_changes_no_episode(ragged_stops, monkeypatch):
+    """A decode loop goes on with the rows still sampling once half have stopped; the episodes, and the
+    kept cache the next turns continue, are the same as when every row runs to the end."""
+    from mmgrpo.model import engine
+
+    runs, parked = [], []
+    real = engine._set_aside
+    monkeypatch.setattr(engine, "_set_aside", lambda state, rows: parked.append(len(rows)) or real(state, rows))
+    for park in (True, False):  # every row draws its random number each step, set aside or not
+        monkeypatch.setattr(engine, "PARK", park)
+        envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(16)]
+        torch.manual_seed(3)
+        runs.append(rollout(ragged_stops, envs, [11, 12, 13, 14], group_size=4, max_new_tokens=8, max_turns=3))
+    assert parked  # rows were set aside in the first run
+    assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]
+    assert max(t.turns for t in runs[0].trajectories) == 3

@@ -29,7 +29,7 @@ from mmgrpo.model import lean
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model import system_prefix
-from mmgrpo.model.prefix import SharedPrefix, rows_of_cache, selects_rows  # noqa: F401 (engine API)
+from mmgrpo.model.prefix import SharedPrefix, rows_of_cache, select_rows, selects_rows  # noqa: F401 (engine API)
 
 
 LEAN_DECODE = True
@@ -128,7 +128,12 @@ def reserve(cache, extra: int) -> int:
 
 
 def sample_tokens(
-    logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0, suppress: list[int] | None = None
+    logits: Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    suppress: list[int] | None = None,
+    u: Tensor | None = None,
 ) -> Tensor:
     """One token per row from logits (N, V): greedy when temperature <= 0, else softmax(logits / T)
     restricted to the top_k tokens and to the smallest set whose probability reaches top_p. Returns (N,)."""
@@ -147,15 +152,17 @@ def sample_tokens(
         drop = probs.cumsum(dim=-1) - probs > top_p  # (N, V) mass before this token already exceeds top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return sample_from(logits.softmax(dim=-1))  # (N,)
+    return sample_from(logits.softmax(dim=-1), u)  # (N,)
 
 
-def sample_from(probs: Tensor) -> Tensor:
+def sample_from(probs: Tensor, u: Tensor | None = None) -> Tensor:
     """One index per row of probs (N, V) (rows sum to 1), by inverse CDF: one uniform number per row and a
     binary search in the row's cumulative sums. The same distribution as ``torch.multinomial``, which on CPU
     draws an exponential variate for every vocabulary entry (20x slower at V = 830). Returns (N,)."""
     cdf = probs.cumsum(dim=-1)  # (N, V)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]  # (N, 1)
+    if u is None:  # one uniform number per row (given: drawn by the caller, e.g. for rows set aside)
+        u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype)
+    u = u.to(cdf.dtype) * cdf[:, -1:]  # (N, 1)
     # right=True: the first entry whose cumulative sum exceeds u, so a zero-probability entry (equal
     # cumulative sum to its left neighbour) is never picked
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (N,)
@@ -271,6 +278,11 @@ def decode(
     (its cache, mask and positions advance in place). A row stops at its first stop id; after it the row
     is fed padding with mask 0, so the cache stays a correct record of every row for a later turn.
 
+    Rows that stopped are set aside once they are at least half of those decoding (``PARK``): the loop
+    goes on with the others only, and the rows set aside come back at the end with mask-0 columns in
+    place of the steps they missed, so the state holds every row again. (On the tools recipe the answer
+    turn stops after 6 tokens for half the rows and after 40 for a few.)
+
     Returns the new ids (N, t), pad after each row's stop; their log-probs (N, t) or None; and how many of
     each row's new tokens are in the cache, (N,): the last sampled token of the turn never is (it would be
     fed only to predict a token nobody samples).
@@ -282,40 +294,109 @@ def decode(
         state.unshare()
     N = logits.shape[0]
     device = logits.device
-    done = torch.zeros(N, dtype=torch.bool, device=device)  # (N,)
+    rows = torch.arange(N, device=device)  # (n,) the original row of each row decoding
+    parked: list[tuple[Tensor, dict]] = []  # rows set aside, with their state
+    done = torch.zeros(N, dtype=torch.bool, device=device)  # (n,)
     fed = torch.zeros(N, dtype=torch.long, device=device)  # (N,) new tokens of each row in the cache
     stops = torch.as_tensor(sampling.stop_ids, device=device)  # (S,)
     steps, logps = [], []
     t = sampling.temperature
-    for _ in range(max_new_tokens):
-        nxt = sample_tokens(logits, t, sampling.top_p, sampling.top_k, adapter.suppress_ids)  # (N,)
-        nxt = torch.where(done, torch.full_like(nxt, sampling.pad_token_id), nxt)  # (N,)
+    for k in range(max_new_tokens):
+        # every row draws its number, set aside or not: the samples never depend on who was set aside
+        u = torch.rand(N, 1, device=device)[rows] if t > 0 else None  # (n, 1)
+        nxt = sample_tokens(logits, t, sampling.top_p, sampling.top_k, adapter.suppress_ids, u)  # (n,)
+        nxt = torch.where(done, torch.full_like(nxt, sampling.pad_token_id), nxt)  # (n,)
+        steps.append(torch.full((N,), sampling.pad_token_id, dtype=nxt.dtype, device=device).index_copy(0, rows, nxt))
         if sampling.return_logprobs:
-            scaled = logits.float() / (t if t > 0 else 1.0)  # (N, V)
-            logps.append(torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1))  # (N,)
-        steps.append(nxt)
-        real = ~done  # (N,) this token belongs to its row's turn
+            scaled = logits.float() / (t if t > 0 else 1.0)  # (n, V)
+            lp = torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)  # (n,)
+            logps.append(torch.zeros(N, dtype=lp.dtype, device=device).index_copy(0, rows, lp))
+        real = ~done  # (n,) this token belongs to its row's turn
         done |= torch.isin(nxt, stops)
         if bool(done.all()) or len(steps) == max_new_tokens:
             break
-        state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (N, L + 1)
+        if PARK and len(rows) >= 8 and int(done.sum()) * 2 >= len(rows):
+            live, out = (~done).nonzero().squeeze(1), done.nonzero().squeeze(1)  # (n',), (n - n',)
+            parked.append((rows[out], _set_aside(state, out)))
+            _keep_rows(state, live)
+            reserve(state.cache, max_new_tokens - k)
+            rows, logits, nxt, real, done = rows[live], logits[live], nxt[live], real[live], done[live]
+        state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (n, L + 1)
         if lean_step is not None:
-            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix)  # (N, V)
+            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix)  # (n, V)
         else:
-            pos = state.next_pos[:, None]  # (N, 1)
+            pos = state.next_pos[:, None]  # (n, 1)
             logits = model(
                 input_ids=nxt[:, None],
                 attention_mask=state.mask,
                 position_ids=pos.unsqueeze(0).expand(3, -1, -1) if mrope else pos,
                 **{cache_kwarg(model): state.cache},
                 use_cache=True,
-            ).logits[:, -1, :]  # (N, V)
+            ).logits[:, -1, :]  # (n, V)
         state.next_pos = state.next_pos + real.long()
-        fed += real.long()
+        fed.index_add_(0, rows, real.long())
+    if parked:
+        _bring_back(state, rows, parked, N)
     if not steps:
         empty = torch.zeros((N, 0), device=device)
         return empty.long(), empty, fed
     return torch.stack(steps, dim=1), torch.stack(logps, dim=1) if logps else None, fed  # (N, t), (N, t)
+
+
+PARK = True
+"""Set finished rows aside during a decode loop (False: every row to the end; the tests compare both)."""
+
+
+def _set_aside(state: DecodeState, rows: Tensor) -> dict:
+    """A copy of the state of ``rows`` (n,): their own cache columns, mask, next positions, groups."""
+    return {
+        "keys": [layer.keys[rows] for layer in state.cache.layers],  # (n, Hk, R, D) each
+        "values": [layer.values[rows] for layer in state.cache.layers],
+        "mask": state.mask[rows],  # (n, L)
+        "next_pos": state.next_pos[rows],  # (n,)
+        "group": None if state.prefix is None else state.prefix.group[rows.cpu()],
+    }
+
+
+def _keep_rows(state: DecodeState, rows: Tensor) -> None:
+    """The state of ``rows`` (n,) only (a copy of their cache rows)."""
+    select_rows(state.cache, rows)
+    if state.prefix is not None:
+        state.prefix.select(rows)
+    state.mask, state.next_pos = state.mask[rows], state.next_pos[rows]
+
+
+def _bring_back(state: DecodeState, rows: Tensor, parked: list[tuple[Tensor, dict]], N: int) -> None:
+    """Every one of the N rows in the state again, in order: the rows set aside get mask-0 columns for the
+    steps they missed (their cache rows end with holes, as a finished row's always do)."""
+    R, L = state.cache.layers[0].keys.shape[-2], state.mask.shape[1]
+    for i, layer in enumerate(state.cache.layers):
+        keys = layer.keys.new_zeros((N, *layer.keys.shape[1:]))  # (N, Hk, R, D)
+        values = layer.values.new_zeros((N, *layer.values.shape[1:]))
+        keys[rows], values[rows] = layer.keys, layer.values
+        for at, snap in parked:
+            r = snap["keys"][i].shape[-2]
+            keys[at, :, :r], values[at, :, :r] = snap["keys"][i], snap["values"][i]
+        layer.__class__ = _ReservedLayer.__mro__[1] if type(layer) is _ReservedLayer else layer.__class__
+        for attr in ("_kbuf", "_vbuf", "_room"):
+            layer.__dict__.pop(attr, None)
+        layer.keys, layer.values = keys, values
+    mask = state.mask.new_zeros((N, L))  # (N, L)
+    mask[rows] = state.mask
+    next_pos = state.next_pos.new_zeros(N)
+    next_pos[rows] = state.next_pos
+    group = None if state.prefix is None else torch.zeros(N, dtype=torch.long)
+    if group is not None:
+        group[rows.cpu()] = state.prefix.group
+    for at, snap in parked:
+        mask[at, : snap["mask"].shape[1]] = snap["mask"]
+        next_pos[at] = snap["next_pos"]
+        if group is not None:
+            group[at.cpu()] = snap["group"]
+    state.mask, state.next_pos = mask, next_pos
+    if state.prefix is not None:
+        state.prefix.regroup(group)
+    assert R == state.cache.layers[0].keys.shape[-2] and L == state.mask.shape[1]
 
 
 def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:

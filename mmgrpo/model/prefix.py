@@ -58,13 +58,14 @@ class GroupGrid:
 
 
 class SharedPrefix:
-    """Per layer the prompt keys / values of the live groups, (B', Hk, P, D), their mask (B', P) as an
-    additive bias, each row's group, and the row grid."""
+    """Per layer the prompt keys / values of all B groups, (B, Hk, P, D), their mask (B, P), and each
+    row's group (n,); for attention, the same of the groups that have rows (B', ...), the mask as an
+    additive bias per row, and the row grid."""
 
     def __init__(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, group: Tensor) -> None:
-        self.keys, self.values = keys, values
-        self.mask = mask  # (B, P) 1 = a real prompt token
-        self.group = group.cpu()  # (n,) index into the B rows of keys / values / mask
+        self.all_keys, self.all_values = keys, values
+        self.all_mask = mask  # (B, P) 1 = a real prompt token
+        self.group = group.cpu()  # (n,) index into the B groups
         self._layout()
 
     @classmethod
@@ -85,26 +86,32 @@ class SharedPrefix:
         return cls(keys, values, mask.to(keys[0].device), group), rest
 
     def _layout(self) -> None:
-        self.grid = GroupGrid(self.group)
-        live = self.grid.groups.to(self.keys[0].device)
-        if len(live) != self.keys[0].shape[0] or not bool((live == torch.arange(len(live), device=live.device)).all()):
-            self.keys = [k[live] for k in self.keys]  # keep only the groups with live rows
-            self.values = [v[live] for v in self.values]
-            self.mask = self.mask[live]
-            self.group = torch.searchsorted(self.grid.groups, self.group)
-            self.grid = GroupGrid(self.group)
+        live = torch.unique(self.group)  # (B',) the groups with rows, sorted
+        B = self.all_keys[0].shape[0]
+        if len(live) == B:
+            self.keys, self.values, mask, local = self.all_keys, self.all_values, self.all_mask, self.group
+        else:  # only the groups with rows take part in attention
+            at = live.to(self.all_keys[0].device)
+            self.keys = [k[at] for k in self.all_keys]
+            self.values = [v[at] for v in self.all_values]
+            mask, local = self.all_mask[at], torch.searchsorted(live, self.group)
+        self.grid = GroupGrid(local)
         neg = torch.finfo(self.keys[0].dtype).min
-        self.bias = torch.zeros(self.mask.shape, dtype=self.keys[0].dtype, device=self.keys[0].device)
-        self.bias = self.bias.masked_fill(self.mask == 0, neg)[:, None, None, :]  # (B', 1, 1, P)
-        self.row_bias = self.bias[self.group.to(self.bias.device)]  # (n, 1, 1, P)
+        bias = torch.zeros(mask.shape, dtype=self.keys[0].dtype, device=self.keys[0].device)
+        bias = bias.masked_fill(mask == 0, neg)[:, None, None, :]  # (B', 1, 1, P)
+        self.row_bias = bias[local.to(bias.device)]  # (n, 1, 1, P)
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[-2]
+        return self.all_keys[0].shape[-2]
 
     def select(self, rows: Tensor) -> None:
         """Keep the rows ``rows`` (n,) (episodes that go on), in that order."""
-        self.group = self.group[rows.cpu()]
+        self.regroup(self.group[rows.cpu()])
+
+    def regroup(self, group: Tensor) -> None:
+        """The rows are now these, each of group ``group`` (n,)."""
+        self.group = group.cpu()
         self._layout()
 
     def materialize(self, rest) -> object:
@@ -112,14 +119,14 @@ class SharedPrefix:
         the model's own); ``rest`` is left as it is."""
         full = copy.copy(rest)
         full.layers = []
-        idx = self.group.to(self.keys[0].device)
+        idx = self.group.to(self.all_keys[0].device)
         for i, layer in enumerate(rest.layers):
             new = copy.copy(layer)
             new.__class__ = _plain_class(layer)
             for attr in ("_kbuf", "_vbuf", "_room"):
                 new.__dict__.pop(attr, None)
-            new.keys = torch.cat([self.keys[i][idx], layer.keys], dim=-2)  # (n, Hk, P + R, D)
-            new.values = torch.cat([self.values[i][idx], layer.values], dim=-2)
+            new.keys = torch.cat([self.all_keys[i][idx], layer.keys], dim=-2)  # (n, Hk, P + R, D)
+            new.values = torch.cat([self.all_values[i][idx], layer.values], dim=-2)
             full.layers.append(new)
         return full
 
@@ -176,3 +183,15 @@ def rows_of_cache(cache, rows: Tensor):
             new.keys, new.values = layer.keys[rows], layer.values[rows]
         out.layers.append(new)
     return out
+
+
+def select_rows(cache, rows: Tensor) -> None:
+    """Keep the batch rows ``rows`` (n,) of every layer of ``cache``, in that order (a copy; a reserved
+    layer becomes a plain one, to be reserved again)."""
+    for layer in cache.layers:
+        keys, values = layer.keys[rows], layer.values[rows]  # (n, H, L, D)
+        if "_room" in layer.__dict__:  # engine's reserved-room layer: plain again
+            layer.__class__ = _plain_class(layer)
+            for attr in ("_kbuf", "_vbuf", "_room"):
+                layer.__dict__.pop(attr, None)
+        layer.keys, layer.values = keys, values

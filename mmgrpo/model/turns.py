@@ -32,6 +32,7 @@ from transformers.cache_utils import DynamicLayer
 
 from mmgrpo.model import engine
 from mmgrpo.model.batch import VisionInputs
+from mmgrpo.model.prefix import select_rows
 
 def supported(policy) -> bool:
     """Whether ``policy``'s family continues a cache across turns at all (see the module docstring)."""
@@ -149,15 +150,3 @@ class _EvalMode:
         self.ctx.__exit__(*exc)
         self.policy.model.train(self.was)
         return False
-
-
-def select_rows(cache, rows: Tensor) -> None:
-    """Keep the batch rows ``rows`` (n,) of every layer of ``cache``, in that order (a copy; a reserved
-    layer becomes a plain one, to be reserved again)."""
-    for layer in cache.layers:
-        keys, values = layer.keys[rows], layer.values[rows]  # (n, H, L, D)
-        if type(layer) is not DynamicLayer:
-            layer.__class__ = DynamicLayer
-            for attr in ("_kbuf", "_vbuf", "_room"):
-                layer.__dict__.pop(attr, None)
-        layer.keys, layer.values = keys, values
