@@ -315,3 +315,14 @@ def test_multi_turn_counters_are_computed_over_every_process_s_episodes(monkeypa
     got = all_episode_metrics(SimpleNamespace(num_processes=2), mine)
     assert got["tools/fail/bad_args"] == 0.25 and got["tools/failures"] == 0.25
     assert got["env/dist"] == 3.0 and got["turns"] == 2.0 and got["tools/used_frac"] == 1.0
+
+
+def test_processes_may_run_different_numbers_of_forwards(tiny_model_dir, tmp_path):
+    """One process's prompts share a long opening and one of its responses is long, the other's not: on
+    their own they would run different numbers of forwards (the opening encoded once, passes cut by
+    length). No-grad passes may (rank 1 runs three, rank 0 one); a training pass under DDP keeps a fixed
+    two forwards (Policy.logprobs), so both finish and hold the same synchronised gradient."""
+    _launch(tmp_path, [str(ROOT / "tests" / "uneven_worker.py"), str(tiny_model_dir), str(tmp_path)])
+    grads = [json.loads((tmp_path / f"grad{r}.json").read_text()) for r in (0, 1)]
+    assert grads[0]["norm"] > 0
+    assert grads[0]["first"] == pytest.approx(grads[1]["first"], rel=1e-5, abs=1e-9)

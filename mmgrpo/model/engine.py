@@ -239,7 +239,9 @@ def start(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: Vi
     return first, DecodeState(cache, mask.repeat_interleave(G, dim=0).to(device), next_positions(mask, G, delta, device))
 
 
-def encode_heads(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device):
+def encode_heads(
+    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device, whole: bool = False
+):
     """B prompts encoded once each (their common opening once for all: mmgrpo.model.system_prefix).
     Returns the next-token logits (B, V), the cache (B rows), each prompt's next position (B,) and the
     cache's mask (B, P')."""
@@ -249,7 +251,7 @@ def encode_heads(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vis
         extra = {} if cache is None else {cache_kwarg(model): cache}
         return model(**kw, position_ids=positions.to(device), logits_to_keep=1, use_cache=True, **extra)
 
-    shared = system_prefix.encode_prompts(model, adapter, ids, mask, vision, device, forward)
+    shared = None if whole else system_prefix.encode_prompts(model, adapter, ids, mask, vision, device, forward)
     if shared is not None:
         return shared
     first, cache, delta = prefill(model, adapter, ids, mask, vision, 1, device)
@@ -413,7 +415,9 @@ def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, dev
     return logits[:, :-1, :]  # (N, T, V): logits at column P+t-1 predict response token t
 
 
-def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device) -> Tensor:
+def response_logits_shared(
+    model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device, fixed: bool = False
+) -> Tensor:
     """Encode each of the N/G distinct prompts once (their common opening once for all) and run the
     responses on its KV cache, images inside the responses (a tool's crop or zoom) included, their
     positions from ``adapter.block_positions``.
@@ -422,6 +426,9 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
     longest row, so that one long multi-turn episode does not pad every row of the batch to its length;
     each pass takes its rows' prompt caches by index (differentiable: gradients flow back into the one
     prompt encoding). Returns (N, T, V); positions past a row's response hold zeros (callers mask them).
+
+    ``fixed``: exactly two forwards whatever the episodes (prompts encoded whole, one pass): DDP's
+    reducer synchronises gradients correctly only when every process runs the same forwards.
     """
     N, P = batch.prompt_ids.shape
     T = batch.response_ids.shape[1]
@@ -429,7 +436,7 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
     owners = batch.row_prompts()
     pv = batch.vision.select([owners[h] for h in heads])
     first, cache, start, layout = encode_heads(
-        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, device
+        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, device, whole=fixed
     )  # (B, V), B rows, (B,), (B, P')
     if not selects_rows(cache):  # a custom cache: one pass on the prompts repeated G times
         return _responses_on_repeated(model, adapter, batch, G, device)
@@ -437,7 +444,7 @@ def response_logits_shared(model, adapter: CausalLMAdapter, batch: TokenBatch, G
     lengths = batch.response_mask.sum(dim=1)  # (N,)
     rv_all = batch.response_vision if batch.has_response_images else None
     pieces, order = [], []
-    for rows in length_chunks(lengths.tolist()):
+    for rows in [list(range(N))] if fixed else length_chunks(lengths.tolist()):
         idx = torch.as_tensor(rows, dtype=torch.long)
         t = max(int(lengths[idx].max()), 1)
         g = group[idx].to(device)  # (n,)

@@ -552,10 +552,9 @@ class Policy:
             else contextlib.nullcontext()
         )
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()), base_only, self.autocast():
-            if G > 1:
-                logits = engine.response_logits_shared(
-                    model, self.adapter, batch, G, self.device
-                )  # (N, T, V)
+            if G > 1:  # under DDP a training pass keeps a fixed number of forwards on every process
+                fixed = unwrap(model) is not model and torch.is_grad_enabled()
+                logits = engine.response_logits_shared(model, self.adapter, batch, G, self.device, fixed)
             else:
                 logits = engine.response_logits_full(model, self.adapter, batch, self.device)  # (N, T, V)
             logp = token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
