@@ -38,7 +38,7 @@ step; and, in processes that only import, each side's bare-import RSS: most of t
 tiny model is imports (torch, torchvision, transformers; TRL adds its own), and the table says how much
 the steps themselves added.
 
-``--learn``: the demo's recipe (``examples/counting_tiny.yaml``: 16 tasks x G=8, 8 new tokens, beta 0.02,
+``--learn``: the demo's recipe (``examples/counting_tiny.yaml``: 16 tasks x G=8, 8 new tokens, beta 0,
 lr 3e-4, vision at 3e-5) on both, from the same warm-started checkpoint (mmgrpo's format-only warm start,
 run once). mmgrpo trains until its held-out accuracy (greedy, 100 eval-split scenes disjoint from the final
 ones, every 25 steps) reaches 0.95 or ``--learn-steps``; TRL trains the same number of steps, saving a

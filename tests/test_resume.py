@@ -28,6 +28,7 @@ def _sets(model: Path, out: Path) -> list[str]:
         f"model.path={model}",
         f"output_dir={out}",
         "warm_start.steps=0",
+        "grpo.beta=0.02",  # resume with a reference model too (the recipe's beta is 0)
         f"grpo.steps={STEPS}",
         "grpo.tasks_per_step=2",
         "grpo.group_size=4",
@@ -161,6 +162,7 @@ def test_resume_in_one_process_repeats_the_next_steps_exactly(warm_model_dir, tm
         f"output_dir={tmp_path / 'run'}",
         "warm_start.steps=0",
         "grpo.steps=3",
+        "grpo.beta=0.02",  # with a reference model, which the checkpoint must hold (the recipe's beta is 0)
         "grpo.tasks_per_step=2",
         "grpo.group_size=4",
         "grpo.save_every=1",

@@ -29,8 +29,9 @@ from mmgrpo.train.checkpoint import complete_checkpoints, damaged_file, resume_c
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = str(ROOT / "examples" / "counting_tiny.yaml")
-RUN = [  # two small steps, a checkpoint after each (counting_tiny.yaml: lr 3e-4, vision_lr 3e-5, beta 0.02)
+RUN = [  # two small steps, a checkpoint after each (counting_tiny.yaml: lr 3e-4, vision_lr 3e-5)
     "warm_start.steps=0",
+    "grpo.beta=0.02",  # a reference model, so that the checkpoint holds one (the recipe's beta is 0)
     "grpo.steps=2",
     "grpo.tasks_per_step=2",
     "grpo.group_size=2",
