@@ -76,6 +76,50 @@ def test_sampled_ids_and_logprobs_on_the_kept_cache_are_what_training_reads(tiny
         assert torch.allclose(got, torch.tensor(sampled[i]), atol=1e-5), (i, got, sampled[i])
 
 
+@pytest.mark.parametrize("with_image", [False, True])
+def test_new_tokens_run_in_blocks_of_similar_length_with_the_same_episodes(ragged_stops, with_image, monkeypatch):
+    """A later turn's new tokens run in several blocks of rows (``engine.length_chunks``, here forced to
+    cut wherever lengths differ): the episodes equal one block's and encoding every turn again, and the
+    sampled log-probs equal training's full forward per row."""
+    from mmgrpo.model import engine
+
+    policy = ragged_stops
+    real = engine.length_chunks
+    blocks: list[int] = []
+    record: list[tuple[list[int], list[list[float]]]] = []
+    decode = turns.TurnDecoder._decode
+
+    def recording(self, logits, max_new_tokens):
+        self.keep_logprobs = True
+        out = decode(self, logits, max_new_tokens)
+        record.append((list(self.rows), self.last_logprobs))
+        return out
+
+    def run(chunks, kv=True):
+        monkeypatch.setattr(engine, "length_chunks", chunks)
+        envs = [ZoomOnceEnv(with_image=with_image, turns_before_end=1 + i % 2) for i in range(8)]
+        return _rollout(policy, envs, [3, 8], kv)
+
+    one = run(lambda lengths, **kw: [list(range(len(lengths)))])
+    again = run(real, kv=False)
+    monkeypatch.setattr(turns.TurnDecoder, "_decode", recording)
+    cut = run(lambda lengths, **kw: blocks.append(len(real(lengths, overhead=0))) or real(lengths, overhead=0))
+    assert max(blocks) >= 2  # later turns really ran in several blocks
+    for other in (one, again):
+        assert [t.response_ids for t in cut.trajectories] == [t.response_ids for t in other.trajectories]
+        assert [t.loss_mask for t in cut.trajectories] == [t.loss_mask for t in other.trajectories]
+    sampled: dict[int, list[float]] = {}
+    for rows, lps in record:
+        for e, lp in zip(rows, lps, strict=True):
+            sampled.setdefault(e, []).extend(lp)
+    monkeypatch.setattr(engine, "length_chunks", real)
+    with torch.no_grad():
+        trained = policy.logprobs(cut.tokens, share_prompt=False)  # (N, T) one full forward per row
+    for i, t in enumerate(cut.trajectories):
+        where = [k for k, m in enumerate(t.loss_mask) if m]
+        assert torch.allclose(trained[i, where], torch.tensor(sampled[i]), atol=1e-5), i
+
+
 def test_a_family_without_a_continuable_cache_falls_back(ragged_stops, monkeypatch):
     monkeypatch.setattr(type(ragged_stops.adapter), "continues_cache", False)
     assert not turns.supported(ragged_stops)
@@ -153,8 +197,8 @@ def test_setting_finished_rows_aside_changes_no_episode(ragged_stops, monkeypatc
     from mmgrpo.model import engine
 
     runs, parked = [], []
-    real = engine._set_aside
-    monkeypatch.setattr(engine, "_set_aside", lambda state, rows: parked.append(len(rows)) or real(state, rows))
+    real = engine.set_aside
+    monkeypatch.setattr(engine, "set_aside", lambda state, rows: parked.append(len(rows)) or real(state, rows))
     for park in (True, False):  # every row draws its random number each step, set aside or not
         monkeypatch.setattr(engine, "PARK", park)
         envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(16)]

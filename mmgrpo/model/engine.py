@@ -18,6 +18,7 @@ Generation uses the same prefill: B prompts encoded once, G samples decoded on t
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 
@@ -25,12 +26,10 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer
 
-from mmgrpo.model import lean
+from mmgrpo.model import lean, system_prefix
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
-from mmgrpo.model import system_prefix
-from mmgrpo.model.prefix import SharedPrefix, rows_of_cache, select_rows, selects_rows  # noqa: F401 (engine API)
-
+from mmgrpo.model.prefix import SharedPrefix, plain_again, rows_of_cache, select_rows, selects_rows  # noqa: F401 (engine API)
 
 LEAN_DECODE = True
 """Decode steps through ``mmgrpo.model.lean`` where the model's layout allows (False: always the model's
@@ -319,8 +318,8 @@ def decode(
             break
         if PARK and len(rows) >= 8 and int(done.sum()) * 2 >= len(rows):
             live, out = (~done).nonzero().squeeze(1), done.nonzero().squeeze(1)  # (n',), (n - n',)
-            parked.append((rows[out], _set_aside(state, out)))
-            _keep_rows(state, live)
+            parked.append((rows[out], set_aside(state, out)))
+            keep_rows(state, live)
             reserve(state.cache, max_new_tokens - k)
             rows, logits, nxt, real, done = rows[live], logits[live], nxt[live], real[live], done[live]
         state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (n, L + 1)
@@ -338,7 +337,7 @@ def decode(
         state.next_pos = state.next_pos + real.long()
         fed.index_add_(0, rows, real.long())
     if parked:
-        _bring_back(state, rows, parked, N)
+        bring_back(state, rows, parked, N)
     if not steps:
         empty = torch.zeros((N, 0), device=device)
         return empty.long(), empty, fed
@@ -349,7 +348,7 @@ PARK = True
 """Set finished rows aside during a decode loop (False: every row to the end; the tests compare both)."""
 
 
-def _set_aside(state: DecodeState, rows: Tensor) -> dict:
+def set_aside(state: DecodeState, rows: Tensor) -> dict:
     """A copy of the state of ``rows`` (n,): their own cache columns, mask, next positions, groups."""
     return {
         "keys": [layer.keys[rows] for layer in state.cache.layers],  # (n, Hk, R, D) each
@@ -360,17 +359,27 @@ def _set_aside(state: DecodeState, rows: Tensor) -> dict:
     }
 
 
-def _keep_rows(state: DecodeState, rows: Tensor) -> None:
-    """The state of ``rows`` (n,) only (a copy of their cache rows)."""
+def copy_rows(state: DecodeState, rows: Tensor) -> DecodeState:
+    """A new state of ``rows`` (n,) only (copies of their cache rows); ``state`` is left as it is."""
+    prefix = None
+    if state.prefix is not None:
+        prefix = copy.copy(state.prefix)  # the prompt tensors shared, the row layout its own
+        prefix.select(rows)
+    return DecodeState(rows_of_cache(state.cache, rows), state.mask[rows], state.next_pos[rows], prefix)
+
+
+def keep_rows(state: DecodeState, rows: Tensor) -> None:
+    """The state of ``rows`` (n,) only, in that order (a copy of their cache rows)."""
     select_rows(state.cache, rows)
     if state.prefix is not None:
         state.prefix.select(rows)
     state.mask, state.next_pos = state.mask[rows], state.next_pos[rows]
 
 
-def _bring_back(state: DecodeState, rows: Tensor, parked: list[tuple[Tensor, dict]], N: int) -> None:
-    """Every one of the N rows in the state again, in order: the rows set aside get mask-0 columns for the
-    steps they missed (their cache rows end with holes, as a finished row's always do)."""
+def bring_back(state: DecodeState, rows: Tensor, parked: list[tuple[Tensor, dict]], N: int) -> None:
+    """Every one of the N rows in the state again, in order: ``state`` holds the rows ``rows`` and is the
+    longest; each ``parked`` entry (rows, ``set_aside`` of them) is shorter or as long and gets mask-0
+    columns at the end for what it lacks (its cache rows end with holes, as a finished row's always do)."""
     R, L = state.cache.layers[0].keys.shape[-2], state.mask.shape[1]
     for i, layer in enumerate(state.cache.layers):
         keys = layer.keys.new_zeros((N, *layer.keys.shape[1:]))  # (N, Hk, R, D)
@@ -379,9 +388,7 @@ def _bring_back(state: DecodeState, rows: Tensor, parked: list[tuple[Tensor, dic
         for at, snap in parked:
             r = snap["keys"][i].shape[-2]
             keys[at, :, :r], values[at, :, :r] = snap["keys"][i], snap["values"][i]
-        layer.__class__ = _ReservedLayer.__mro__[1] if type(layer) is _ReservedLayer else layer.__class__
-        for attr in ("_kbuf", "_vbuf", "_room"):
-            layer.__dict__.pop(attr, None)
+        plain_again(layer)
         layer.keys, layer.values = keys, values
     mask = state.mask.new_zeros((N, L))  # (N, L)
     mask[rows] = state.mask

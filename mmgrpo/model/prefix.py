@@ -121,10 +121,7 @@ class SharedPrefix:
         full.layers = []
         idx = self.group.to(self.all_keys[0].device)
         for i, layer in enumerate(rest.layers):
-            new = copy.copy(layer)
-            new.__class__ = _plain_class(layer)
-            for attr in ("_kbuf", "_vbuf", "_room"):
-                new.__dict__.pop(attr, None)
+            new = plain_again(copy.copy(layer))
             new.keys = torch.cat([self.all_keys[i][idx], layer.keys], dim=-2)  # (n, Hk, P + R, D)
             new.values = torch.cat([self.all_values[i][idx], layer.values], dim=-2)
             full.layers.append(new)
@@ -135,15 +132,18 @@ class SharedPrefix:
         of ``full`` (everything after the prompt)."""
         P = self.length
         for layer, f in zip(rest.layers, full.layers, strict=True):
-            layer.__class__ = _plain_class(layer)
-            for attr in ("_kbuf", "_vbuf", "_room"):
-                layer.__dict__.pop(attr, None)
+            plain_again(layer)
             layer.keys, layer.values = f.keys[:, :, P:], f.values[:, :, P:]
 
 
-def _plain_class(layer):
-    """The cache layer class under engine's reserved-room layer (which keeps ``_room`` in its dict)."""
-    return layer.__class__.__mro__[1] if "_room" in layer.__dict__ else layer.__class__
+def plain_again(layer):
+    """``layer`` as the plain growing layer it was before engine's ``reserve`` gave it room (a layer with
+    ``_room`` in its dict): the room's buffers dropped, ``keys`` / ``values`` kept. Returns ``layer``."""
+    if "_room" in layer.__dict__:
+        layer.__class__ = layer.__class__.__mro__[1]
+        for attr in ("_kbuf", "_vbuf", "_room"):
+            layer.__dict__.pop(attr, None)
+    return layer
 
 
 def grouped_attention(
@@ -178,7 +178,7 @@ def rows_of_cache(cache, rows: Tensor):
     out = copy.copy(cache)
     out.layers = []
     for layer in cache.layers:
-        new = copy.copy(layer)
+        new = plain_again(copy.copy(layer))  # a reserved layer's room belongs to all rows
         if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
             new.keys, new.values = layer.keys[rows], layer.values[rows]
         out.layers.append(new)
@@ -190,8 +190,5 @@ def select_rows(cache, rows: Tensor) -> None:
     layer becomes a plain one, to be reserved again)."""
     for layer in cache.layers:
         keys, values = layer.keys[rows], layer.values[rows]  # (n, H, L, D)
-        if "_room" in layer.__dict__:  # engine's reserved-room layer: plain again
-            layer.__class__ = _plain_class(layer)
-            for attr in ("_kbuf", "_vbuf", "_room"):
-                layer.__dict__.pop(attr, None)
+        plain_again(layer)
         layer.keys, layer.values = keys, values

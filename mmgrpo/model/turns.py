@@ -32,7 +32,7 @@ from transformers.cache_utils import DynamicLayer
 
 from mmgrpo.model import engine
 from mmgrpo.model.batch import VisionInputs
-from mmgrpo.model.prefix import select_rows
+
 
 def supported(policy) -> bool:
     """Whether ``policy``'s family continues a cache across turns at all (see the module docstring)."""
@@ -83,42 +83,67 @@ class TurnDecoder:
     ):
         """The next turn of ``episodes`` (a subset of the rows still in the cache, in any order), whose
         response ids so far are ``responses`` (the cache holds a prefix of each) and whose latest env
-        turn brought the images ``new_vision``. Returns (completions, finished) in ``episodes``' order."""
+        turn brought the images ``new_vision``. Returns (completions, finished) in ``episodes``' order.
+
+        The new tokens run in a few blocks of rows of similar length (``engine.length_chunks``): on the
+        tools recipe most rows bring 15-18 tokens and a few (a long tool error) 70-100, and one block
+        would pad every row to the longest. The rows come back together after their blocks, a shorter
+        block's rows with mask-0 columns at the end (as rows set aside in a decode loop)."""
         p = self.policy
         st = self.state
         where = {e: k for k, e in enumerate(self.rows)}
-        keep = torch.as_tensor([where[e] for e in episodes], device=p.device)  # (n,) compaction
-        select_rows(st.cache, keep)
-        if st.prefix is not None:
-            st.prefix.select(keep)
-        st.mask, st.next_pos = st.mask[keep], st.next_pos[keep]
+        engine.keep_rows(st, torch.as_tensor([where[e] for e in episodes], device=p.device))  # compaction
         self.rows = list(episodes)
         pending = [r[self.in_cache[e] :] for e, r in zip(episodes, responses, strict=True)]
+        for e, r in zip(episodes, responses, strict=True):
+            self.in_cache[e] = len(r)
+        chunks = engine.length_chunks([len(x) for x in pending])  # the last one holds the longest rows
+        with self._mode():
+            if len(chunks) == 1:
+                logits = self._feed(st, pending, VisionInputs.concat_rows(new_vision), max_new_tokens)
+            else:
+                logits = torch.empty((len(episodes), 0))
+                parked = []
+                for k, rows in enumerate(chunks):
+                    idx = torch.as_tensor(rows, device=p.device)
+                    part = st if k == len(chunks) - 1 else engine.copy_rows(st, idx)
+                    if part is st:
+                        engine.keep_rows(st, idx)
+                    out = self._feed(part, [pending[i] for i in rows], VisionInputs.concat_rows([new_vision[i] for i in rows]), 0)
+                    if part is not st:
+                        parked.append((idx, engine.set_aside(part, torch.arange(len(rows), device=p.device))))
+                    if logits.shape[1] == 0:
+                        logits = out.new_empty((len(episodes), out.shape[1]))
+                    logits[idx] = out
+                engine.bring_back(st, idx, parked, len(episodes))
+            return self._decode(logits, max_new_tokens)
+
+    def _feed(self, st: engine.DecodeState, pending: list[list[int]], vision: VisionInputs, room: int) -> Tensor:
+        """Run the rows' new tokens ``pending`` (n rows) on the state's cache, left-padded into one block:
+        the state advances past them; returns the logits of each row's next token (n, V). ``room``: the
+        tokens to reserve in the cache after the block (the turn after it)."""
+        p = self.policy
         W = max(len(x) for x in pending)
-        n = len(episodes)
+        n = len(pending)
         ids = torch.full((n, W), p.pad_token_id, dtype=torch.long)  # (n, W) left-padded block
         bmask = torch.zeros((n, W), dtype=torch.long)  # (n, W)
         for k, x in enumerate(pending):
             ids[k, W - len(x) :] = torch.as_tensor(x, dtype=torch.long)
             bmask[k, W - len(x) :] = 1
-        vision = VisionInputs.concat_rows(new_vision)
-        with self._mode():
-            pos, after = p.adapter.block_positions(p.model, ids, bmask, vision, st.next_pos)  # (n, W) / (3, n, W)
-            full = torch.cat([st.mask, bmask.to(st.mask)], dim=1)  # (n, L + W)
-            kw = p.adapter.forward_kwargs(ids, full, vision, p.device, engine.model_dtype(p.model))
-            kw["input_ids"] = ids.to(p.device)
-            cache = st.cache if st.prefix is None else st.prefix.materialize(st.cache)  # the whole rows
-            if st.prefix is None:
-                engine.reserve(cache, W + max_new_tokens)  # the block and the turn after it
-            logits = p.model(
-                **kw, position_ids=pos.to(p.device), **{engine.cache_kwarg(p.model): cache}, use_cache=True
-            ).logits[:, -1, :]  # (n, V)
-            if st.prefix is not None:
-                st.prefix.strip(cache, st.cache)  # the rows' own tokens, the block's included
-            st.mask, st.next_pos = full, after.to(p.device)
-            for e, r in zip(episodes, responses, strict=True):
-                self.in_cache[e] = len(r)
-            return self._decode(logits, max_new_tokens)
+        pos, after = p.adapter.block_positions(p.model, ids, bmask, vision, st.next_pos)  # (n, W) / (3, n, W)
+        full = torch.cat([st.mask, bmask.to(st.mask)], dim=1)  # (n, L + W)
+        kw = p.adapter.forward_kwargs(ids, full, vision, p.device, engine.model_dtype(p.model))
+        kw["input_ids"] = ids.to(p.device)
+        cache = st.cache if st.prefix is None else st.prefix.materialize(st.cache)  # the whole rows
+        if st.prefix is None and room:
+            engine.reserve(cache, W + room)  # the block and the turn after it
+        logits = p.model(
+            **kw, position_ids=pos.to(p.device), **{engine.cache_kwarg(p.model): cache}, use_cache=True
+        ).logits[:, -1, :]  # (n, V)
+        if st.prefix is not None:
+            st.prefix.strip(cache, st.cache)  # the rows' own tokens, the block's included
+        st.mask, st.next_pos = full, after.to(p.device)
+        return logits
 
     def _decode(self, logits: Tensor, max_new_tokens: int):
         p = self.policy
