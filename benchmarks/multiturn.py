@@ -277,21 +277,7 @@ def shape_sets(spec: Spec) -> list[str]:
         "grpo.temperature=1.0",
         "grpo.clip_eps_low=0.2",
         "grpo.clip_eps_high=0.2",
-        f"grpo.adv_eps={vs_trl.ADV_EPS}",
-        "grpo.top_p=1.0",
-        "grpo.top_k=0",
-        "grpo.num_iterations=1",
-        "grpo.weight_decay=0.0",
-        "grpo.betas=[0.9, 0.999]",
-        "grpo.lr_schedule=constant",
-        "grpo.warmup_steps=0",
-        "grpo.max_grad_norm=1.0",
-        "grpo.aggregation=sequence",
-        "grpo.scale=std_unbiased",
-        "grpo.baseline=mean",
-        "grpo.kl_estimator=k3",
-        "grpo.eval_every=0",
-        "grpo.save_every=0",
+        *vs_trl.MATCHED,
     ]
 
 

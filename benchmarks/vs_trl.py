@@ -88,6 +88,26 @@ from the final evaluation's seeds 0..199."""
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 INSTALL_HINT = 'pip install -e ".[bench]"'
 
+MATCHED = [
+    f"grpo.adv_eps={ADV_EPS}",
+    "grpo.top_p=1.0",
+    "grpo.top_k=0",
+    "grpo.num_iterations=1",
+    "grpo.weight_decay=0.0",
+    "grpo.betas=[0.9, 0.999]",
+    "grpo.lr_schedule=constant",
+    "grpo.warmup_steps=0",
+    "grpo.max_grad_norm=1.0",
+    "grpo.aggregation=sequence",
+    "grpo.scale=std_unbiased",
+    "grpo.baseline=mean",
+    "grpo.kl_estimator=k3",
+    "grpo.eval_every=0",
+    "grpo.save_every=0",
+]
+"""The mmgrpo settings that match TRL's defaults and this comparison's choices, whatever the run (the
+multi-turn benchmark sets them too)."""
+
 
 # ------------------------------------------------------------------------------------------- run spec
 @dataclass(frozen=True)
@@ -255,21 +275,7 @@ def mmgrpo_overrides(spec: Spec) -> list[str]:
         f"grpo.temperature={spec.temperature}",
         f"grpo.clip_eps_low={spec.clip_eps}",
         f"grpo.clip_eps_high={spec.clip_eps}",
-        f"grpo.adv_eps={ADV_EPS}",
-        "grpo.top_p=1.0",
-        "grpo.top_k=0",
-        "grpo.num_iterations=1",
-        "grpo.weight_decay=0.0",
-        "grpo.betas=[0.9, 0.999]",
-        "grpo.lr_schedule=constant",
-        "grpo.warmup_steps=0",
-        "grpo.max_grad_norm=1.0",
-        "grpo.aggregation=sequence",
-        "grpo.scale=std_unbiased",
-        "grpo.baseline=mean",
-        "grpo.kl_estimator=k3",
-        "grpo.eval_every=0",
-        "grpo.save_every=0",
+        *MATCHED,
     ]
 
 
