@@ -11,8 +11,9 @@ Ragged rows, one cache. Rows end at different turns and stop at different length
 - finished episodes leave the cache (its rows are selected: compaction);
 - after a row's stop token it is fed padding with mask 0 (``engine.decode``), so holes in the middle of
   a row are masked out;
-- each turn's new tokens are left-padded into one block (mask 0 on the padding), so the last column of
-  every row is its last real token and the next sample is read there;
+- each turn's new tokens are left-padded into a block (mask 0 on the padding), so the last column of
+  every row is its last real token and the next sample is read there; rows of very different lengths
+  run in separate blocks and join again after, the shorter ones with mask-0 columns at the end;
 - positions are explicit: each row carries the position its next token takes (``DecodeState.next_pos``).
   For Qwen-VL's 3-D M-RoPE, an image in the new tokens is laid out by the model's own ``get_rope_index``
   over the new block alone, shifted to the row's next position (its layout is translation invariant),
