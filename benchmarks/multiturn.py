@@ -567,15 +567,7 @@ def worker(kind: str, spec: Spec) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- parent
 def spawn(kind: str, spec: Spec, timeout: float) -> dict[str, Any]:
     """Run a worker in a fresh single-threaded subprocess (PYTHONPATH inherited); its result, parsed."""
-    env = dict(
-        os.environ,
-        **vs_trl.THREAD_ENV,
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TRL_EXPERIMENTAL_SILENCE="1",
-    )
+    env = vs_trl.worker_env()
     payload = json.dumps(asdict(spec))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--payload", payload]
     proc = subprocess.run(cmd, env=env, cwd=spec.out_dir, capture_output=True, text=True, timeout=timeout)

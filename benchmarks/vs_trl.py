@@ -750,9 +750,9 @@ def worker(kind: str, spec: Spec, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- parent
-def spawn(kind: str, spec: Spec, timeout: float, **extra: Any) -> dict[str, Any]:
-    """Run a worker in a fresh subprocess with one thread; its result line, parsed."""
-    env = dict(
+def worker_env() -> dict[str, str]:
+    """A worker's environment: one thread, offline (no hub, no datasets), TRL's experimental notices off."""
+    return dict(
         os.environ,
         **THREAD_ENV,
         TOKENIZERS_PARALLELISM="false",
@@ -761,6 +761,11 @@ def spawn(kind: str, spec: Spec, timeout: float, **extra: Any) -> dict[str, Any]
         TRANSFORMERS_OFFLINE="1",
         TRL_EXPERIMENTAL_SILENCE="1",
     )
+
+
+def spawn(kind: str, spec: Spec, timeout: float, **extra: Any) -> dict[str, Any]:
+    """Run a worker in a fresh subprocess with one thread; its result line, parsed."""
+    env = worker_env()
     payload = json.dumps({"spec": asdict(spec), "extra": extra})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--payload", payload]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
