@@ -178,47 +178,31 @@ def test_trains_two_steps_saves_reloads_and_generates(family, tmp_path):
     assert len(comps) == 4 and all(comps)
 
 
-def test_kept_cache_turns_equal_encoding_every_turn(family):
+def test_kept_cache_turns_equal_encoding_every_turn(family, monkeypatch):
     """Multi-turn episodes (images from the env mid-episode for vision families) come out the same on the
     KV cache kept across turns as when every turn encodes the whole sequence again, and the sampled
     log-probs equal the training forward's; families that cannot keep it fall back (mmgrpo.model.turns)."""
     from mmgrpo.model import turns
     from mmgrpo.rollout.episodes import rollout
+    from tests.test_kv_turns import per_episode, record_turns
     from tests.test_multiturn import ZoomOnceEnv
 
     name, path = family
     policy = Policy.from_pretrained(path)
     vocab = policy.model.config.get_text_config().vocab_size
     policy.stop_ids = sorted(set(policy.stop_ids) | set(range(40, vocab, 3)))  # ragged turns
-    runs, record = [], []
-    decode = turns.TurnDecoder._decode
-
-    def recording(self, logits, max_new_tokens):
-        self.keep_logprobs = True
-        out = decode(self, logits, max_new_tokens)
-        record.append((list(self.rows), self.last_logprobs))
-        return out
-
-    turns.TurnDecoder._decode = recording
-    try:
-        for kv in (True, False):
-            envs = [ZoomOnceEnv(with_image=name in VISION_FAMILIES, turns_before_end=1 + i % 2) for i in range(8)]
-            torch.manual_seed(0)
-            runs.append(
-                rollout(policy, envs, [3, 8], group_size=4, max_new_tokens=8, max_turns=3, kv_across_turns=kv)
-            )
-    finally:
-        turns.TurnDecoder._decode = decode
+    runs, record = [], record_turns(monkeypatch)
+    for kv in (True, False):
+        envs = [ZoomOnceEnv(with_image=name in VISION_FAMILIES, turns_before_end=1 + i % 2) for i in range(8)]
+        torch.manual_seed(0)
+        runs.append(rollout(policy, envs, [3, 8], group_size=4, max_new_tokens=8, max_turns=3, kv_across_turns=kv))
     kept, again = runs
     assert [t.response_ids for t in kept.trajectories] == [t.response_ids for t in again.trajectories]
     assert max(t.turns for t in kept.trajectories) == 3
     if not turns.supported(policy):
         assert name == "gemma3" and not record
         return
-    sampled: dict[int, list[float]] = {}
-    for rows, lps in record:
-        for e, lp in zip(rows, lps, strict=True):
-            sampled.setdefault(e, []).extend(lp)
+    sampled = per_episode(record)
     with torch.no_grad():
         trained = policy.logprobs(kept.tokens, share_prompt=False)  # (N, T)
     for i, t in enumerate(kept.trajectories):

@@ -18,6 +18,30 @@ def _rollout(policy, envs, seeds, kv: bool, seed: int = 0, **kw):
     )
 
 
+def record_turns(monkeypatch) -> list[tuple[list[int], list[list[float]], list[list[int]]]]:
+    """From now on every turn's decode is recorded: (its rows, their sampled log-probs, their new ids)."""
+    record: list = []
+    decode = turns.TurnDecoder._decode
+
+    def recording(self, logits, max_new_tokens):
+        self.keep_logprobs = True
+        out = decode(self, logits, max_new_tokens)
+        record.append((list(self.rows), self.last_logprobs, out[0]))
+        return out
+
+    monkeypatch.setattr(turns.TurnDecoder, "_decode", recording)
+    return record
+
+
+def per_episode(record, part: int = 1) -> dict[int, list]:
+    """The recorded turns' ``part`` (1: log-probs, 2: ids) joined per episode, in turn order."""
+    out: dict[int, list] = {}
+    for turn in record:
+        for e, x in zip(turn[0], turn[part], strict=True):
+            out.setdefault(e, []).extend(x)
+    return out
+
+
 @pytest.fixture
 def ragged_stops(tiny_policy):
     """Stop ids that a random model samples often, so rows end their turns at different lengths."""
@@ -47,25 +71,11 @@ def test_kept_cache_gives_the_episodes_of_encoding_every_turn(ragged_stops, with
 @pytest.mark.parametrize("with_image", [False, True])
 def test_sampled_ids_and_logprobs_on_the_kept_cache_are_what_training_reads(tiny_policy, ragged_stops, with_image, monkeypatch):
     policy = tiny_policy
-    record: list[tuple[list[int], list[list[float]]]] = []
-    decode = turns.TurnDecoder._decode
-
-    def recording(self, logits, max_new_tokens):
-        self.keep_logprobs = True
-        out = decode(self, logits, max_new_tokens)
-        record.append((list(self.rows), self.last_logprobs, out[0]))
-        return out
-
-    monkeypatch.setattr(turns.TurnDecoder, "_decode", recording)
+    record = record_turns(monkeypatch)
     envs = [ZoomOnceEnv(with_image=with_image, turns_before_end=2) for _ in range(8)]
     batch = _rollout(policy, envs, [5, 6], True)
     assert len(record) >= 2  # the first turn and at least one turn on the kept cache
-    sampled: dict[int, list[float]] = {}
-    sampled_ids: dict[int, list[int]] = {}
-    for rows, lps, ids in record:
-        for e, lp, x in zip(rows, lps, ids, strict=True):
-            sampled.setdefault(e, []).extend(lp)
-            sampled_ids.setdefault(e, []).extend(x)
+    sampled, sampled_ids = per_episode(record), per_episode(record, 2)
     with torch.no_grad():
         trained = policy.logprobs(batch.tokens, share_prompt=False)  # (N, T) one full forward per row
     for i, t in enumerate(batch.trajectories):
@@ -86,14 +96,6 @@ def test_new_tokens_run_in_blocks_of_similar_length_with_the_same_episodes(ragge
     policy = ragged_stops
     real = engine.length_chunks
     blocks: list[int] = []
-    record: list[tuple[list[int], list[list[float]]]] = []
-    decode = turns.TurnDecoder._decode
-
-    def recording(self, logits, max_new_tokens):
-        self.keep_logprobs = True
-        out = decode(self, logits, max_new_tokens)
-        record.append((list(self.rows), self.last_logprobs))
-        return out
 
     def run(chunks, kv=True):
         monkeypatch.setattr(engine, "length_chunks", chunks)
@@ -102,16 +104,13 @@ def test_new_tokens_run_in_blocks_of_similar_length_with_the_same_episodes(ragge
 
     one = run(lambda lengths, **kw: [list(range(len(lengths)))])
     again = run(real, kv=False)
-    monkeypatch.setattr(turns.TurnDecoder, "_decode", recording)
+    record = record_turns(monkeypatch)
     cut = run(lambda lengths, **kw: blocks.append(len(real(lengths, overhead=0))) or real(lengths, overhead=0))
     assert max(blocks) >= 2  # later turns really ran in several blocks
     for other in (one, again):
         assert [t.response_ids for t in cut.trajectories] == [t.response_ids for t in other.trajectories]
         assert [t.loss_mask for t in cut.trajectories] == [t.loss_mask for t in other.trajectories]
-    sampled: dict[int, list[float]] = {}
-    for rows, lps in record:
-        for e, lp in zip(rows, lps, strict=True):
-            sampled.setdefault(e, []).extend(lp)
+    sampled = per_episode(record)
     monkeypatch.setattr(engine, "length_chunks", real)
     with torch.no_grad():
         trained = policy.logprobs(cut.tokens, share_prompt=False)  # (N, T) one full forward per row
