@@ -348,14 +348,19 @@ PARK = True
 """Set finished rows aside during a decode loop (False: every row to the end; the tests compare both)."""
 
 
-def set_aside(state: DecodeState, rows: Tensor) -> dict:
-    """A copy of the state of ``rows`` (n,): their own cache columns, mask, next positions, groups."""
+def set_aside(state: DecodeState, rows: Tensor | None = None) -> dict:
+    """The state of ``rows`` (n,) (a copy; None: every row, as it is): their own cache columns, mask, next
+    positions, groups."""
+
+    def take(x: Tensor) -> Tensor:
+        return x if rows is None else x[rows.to(x.device)]
+
     return {
-        "keys": [layer.keys[rows] for layer in state.cache.layers],  # (n, Hk, R, D) each
-        "values": [layer.values[rows] for layer in state.cache.layers],
-        "mask": state.mask[rows],  # (n, L)
-        "next_pos": state.next_pos[rows],  # (n,)
-        "group": None if state.prefix is None else state.prefix.group[rows.cpu()],
+        "keys": [take(layer.keys) for layer in state.cache.layers],  # (n, Hk, R, D) each
+        "values": [take(layer.values) for layer in state.cache.layers],
+        "mask": take(state.mask),  # (n, L)
+        "next_pos": take(state.next_pos),  # (n,)
+        "group": None if state.prefix is None else take(state.prefix.group),
     }
 
 

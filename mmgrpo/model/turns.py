@@ -99,23 +99,25 @@ class TurnDecoder:
         for e, r in zip(episodes, responses, strict=True):
             self.in_cache[e] = len(r)
         chunks = engine.length_chunks([len(x) for x in pending])  # the last one holds the longest rows
+        *others, last = chunks if len(chunks) > 1 else [list(range(len(pending)))]
+        logits, parked = None, []
         with self._mode():
-            if len(chunks) == 1:
-                logits = self._feed(st, pending, VisionInputs.concat_rows(new_vision), max_new_tokens)
-            else:
-                logits = torch.empty((len(episodes), 0))
-                parked = []
-                for k, rows in enumerate(chunks):
-                    idx = torch.as_tensor(rows, device=p.device)
-                    part = st if k == len(chunks) - 1 else engine.copy_rows(st, idx)
-                    if part is st:
-                        engine.keep_rows(st, idx)
-                    out = self._feed(part, [pending[i] for i in rows], VisionInputs.concat_rows([new_vision[i] for i in rows]), 0)
-                    if part is not st:
-                        parked.append((idx, engine.set_aside(part, torch.arange(len(rows), device=p.device))))
-                    if logits.shape[1] == 0:
-                        logits = out.new_empty((len(episodes), out.shape[1]))
-                    logits[idx] = out
+            for rows in [*others, last]:
+                idx = torch.as_tensor(rows, device=p.device)
+                if rows is not last:  # a shorter block: its rows' own state, set aside until the end
+                    part = engine.copy_rows(st, idx)
+                elif others:  # the longest block runs on the state itself, its rows only
+                    part = st
+                    engine.keep_rows(st, idx)
+                else:  # one block: every row, in order
+                    part = st
+                room = 0 if others else max_new_tokens  # bring_back re-allocates the cache anyway
+                out = self._feed(part, [pending[i] for i in rows], VisionInputs.concat_rows([new_vision[i] for i in rows]), room)
+                if part is not st:
+                    parked.append((idx, engine.set_aside(part)))
+                logits = out.new_empty((len(episodes), out.shape[1])) if logits is None else logits
+                logits[idx] = out  # (n, V) in the episodes' order
+            if others:
                 engine.bring_back(st, idx, parked, len(episodes))
             return self._decode(logits, max_new_tokens)
 
