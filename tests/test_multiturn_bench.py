@@ -44,6 +44,7 @@ def test_text_env_answers_with_the_calculator_and_ends_after_the_last_turn():
     assert parts[0]["type"] == "image" and parts[0]["image"].size == (112, 112) and parts[1]["type"] == "text"
 
 
+@pytest.mark.slow  # about 50 s: in CI's slow tier (.ci/run), so the default run keeps its 10-minute budget
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs TRL (pip install -e '.[bench]')")
 def test_quick_benchmark_prints_its_ratios(tmp_path, tiny_model_dir):
     work = tmp_path / "work"

@@ -20,6 +20,7 @@ LAST_LINE = re.compile(
 )
 
 
+@pytest.mark.slow  # about 30 s: in CI's slow tier (.ci/run), so the default run keeps its 10-minute budget
 def test_vs_trl_quick(tmp_path):
     pytest.importorskip("trl", reason='TRL runs the other side: pip install -e ".[bench]"')
     report = tmp_path / "vs_trl.json"
