@@ -30,25 +30,15 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from mmgrpo.data.shapes import PALETTE, SHAPES, cell_box, draw_shape
 from mmgrpo.env import SingleTurnEnv, Task, check_split, image_part, system, text_part, user
 from mmgrpo.errors import ConfigError, did_you_mean
-
-PALETTE: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40),
-    "green": (40, 170, 60),
-    "blue": (40, 80, 220),
-    "yellow": (240, 200, 20),
-    "purple": (140, 60, 180),
-    "orange": (245, 130, 20),
-}
-"""Object colours (fixed RGB, far apart, none close to a background)."""
 
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {
     "white": (255, 255, 255),
     "black": (0, 0, 0),
     "gray": (128, 128, 128),
 }
-SHAPES = ("circle", "square", "triangle", "diamond")
 
 DEFAULT_SYSTEM_PROMPT = (
     "Count the objects the question asks about. Reply with the number only, inside <answer></answer>, "
@@ -298,28 +288,13 @@ class CountingEnv(SingleTurnEnv):
 
     def _box(self, cell: int) -> list[int]:
         """The box [x0, y0, x1, y1] of the object in ``cell``, in pixel edges (x1, y1 exclusive)."""
-        side = self.image_size / self.grid
-        row, col = divmod(cell, self.grid)
-        cx, cy, r = (col + 0.5) * side, (row + 0.5) * side, self.object_scale * side / 2
-        return [round(cx - r), round(cy - r), round(cx + r), round(cy + r)]
+        return cell_box(cell, self.image_size, self.grid, self.object_scale)
 
     def _draw(self, draw: ImageDraw.ImageDraw, cell: int, kind: tuple[str, str]) -> list[int]:
         """Draw one object centred in ``cell``; return its box [x0, y0, x1, y1] in pixel edges (x1, y1 exclusive)."""
-        shape, color = kind
-        x0, y0, x1, y1 = self._box(cell)
-        x1, y1 = x1 - 1, y1 - 1
-        box = [x0, y0, x1, y1]
-        fill = PALETTE[color]
-        if shape == "circle":
-            draw.ellipse(box, fill=fill)
-        elif shape == "square":
-            draw.rectangle(box, fill=fill)
-        elif shape == "triangle":
-            draw.polygon([((x0 + x1) / 2, y0), (x1, y1), (x0, y1)], fill=fill)
-        else:  # diamond
-            mx, my = (x0 + x1) / 2, (y0 + y1) / 2
-            draw.polygon([(mx, y0), (x1, my), (mx, y1), (x0, my)], fill=fill)
-        return [x0, y0, x1 + 1, y1 + 1]
+        box = self._box(cell)
+        draw_shape(draw, box, kind[0], PALETTE[kind[1]])
+        return box
 
     @staticmethod
     def reference_completion(info: dict[str, Any]) -> str:
