@@ -53,7 +53,7 @@ ALLOWED = {
     "config": {"errors", "protocols", "envs"},  # validation asks the registry and the tool env
     "model": {"errors", "grpo"},
     "rollout": {"errors", "protocols", "grpo", "model", "tools"},
-    "tiny": {"errors", "model"},
+    "tiny": {"errors", "model", "data"},
     "train": {"errors", "protocols", "grpo", "model", "rollout", "config", "data", "tools", "envs"},
     "cli": {
         "api",

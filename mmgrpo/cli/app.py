@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("out_dir")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--text-only", action="store_true", help="a tiny Qwen2 causal LM instead (no vision)")
+    sp.add_argument(
+        "--sees",
+        action="store_true",
+        help="then pretrain its perception (each cell's colour and shape, about 30 s; no RL task's questions)",
+    )
     sp.set_defaults(fn=cmd_tiny_model)
 
     sp = sub.add_parser("demo", help="build the tiny model, train it to count, evaluate before and after")

@@ -9,6 +9,7 @@ lines over them so that a script can do the same.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -20,6 +21,10 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model, count_parameters
 
     out_dir = Path(args.out_dir)
+    if args.sees and args.text_only:
+        raise MmgrpoError(
+            "--sees pretrains a vision model's perception; --text-only builds one without vision"
+        )
     if out_dir.exists() and not out_dir.is_dir():  # said before the seconds of building
         raise MmgrpoError(f"'{out_dir}' is a file, not a folder: give a new folder path for the tiny model")
     try:
@@ -28,7 +33,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
             out = build_tiny_text_model(out_dir, seed=args.seed)
         else:
-            out = build_tiny_model(out_dir, TinyModelSpec(seed=args.seed))
+            out = build_tiny_model(out_dir, TinyModelSpec(seed=args.seed), sees=args.sees)
     except OSError as exc:  # nothing is left half-written: the model was built in OUT_DIR.partial
         raise write_error("the tiny model", out_dir, exc) from exc
     if args.text_only:
@@ -41,7 +46,26 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
     n = count_parameters(AutoModelForImageTextToText.from_pretrained(out))
     print(f"tiny Qwen2.5-VL ({n / 1e6:.2f}M parameters) saved to {out}")
+    if args.sees:
+        from mmgrpo.train.plots import plot_metrics
+
+        done = json.loads((out / "perception.json").read_text())
+        check = done["check"]
+        picture = plot_metrics(
+            out / "perception.jsonl",
+            out / "perception.png",
+            keys=PERCEPTION_KEYS,
+            header=f"perception pretraining of the tiny VLM  ·  held-out cells every {done['spec']['log_every']} steps",
+        )
+        print(
+            f"perception pretraining: {done['spec']['steps']} steps in {done['seconds']:.0f} s; held-out cells: "
+            f"object {check['object_acc']:.2f} (colour {check['color_acc']:.2f}, shape {check['shape_acc']:.2f}), "
+            f"empty {check['empty_acc']:.2f}; curve {picture}"
+        )
     return 0
+
+
+PERCEPTION_KEYS = ("object_acc", "color_acc", "shape_acc", "empty_acc", "loss")
 
 
 def write_error(what: str, path: Path, exc: OSError) -> MmgrpoError:

@@ -283,9 +283,14 @@ def build_config(tokenizer, spec: TinyModelSpec):
     )
 
 
-def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
+def build_tiny_model(
+    out_dir: str | Path, spec: TinyModelSpec | None = None, sees: bool = False, perception=None
+) -> Path:
     """Build and save the tiny model, tokenizer and processor to ``out_dir``; returns the path.
 
+    ``sees``: then give it the perception pretraining of ``mmgrpo.tiny.perception`` (settings ``perception``,
+    a PerceptionSpec; about half a minute) before the folder is put in place; without it the model is
+    blind (a random vision encoder nothing has learnt to read), which most tests want.
     Deterministic: the same spec (seed included) gives byte-identical weights and tokenizer files.
     """
     import torch
@@ -307,6 +312,10 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         model.save_pretrained(folder)
         processor.save_pretrained(folder)
         (folder / "mmgrpo_tiny.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+        if sees:
+            from mmgrpo.tiny.perception import pretrain_perception
+
+            pretrain_perception(folder, perception)
 
     return save_whole(out_dir, write)
 

@@ -278,8 +278,11 @@ def plot_metrics(
     metrics_path: str | Path,
     out_path: str | Path,
     keys: Sequence[str] = DEFAULT_KEYS,
+    header: str | None = None,
 ) -> Path:
     """Draw one line chart per key of ``keys`` present in the run's metrics, plus the warm start's nll.
+
+    ``header``: the line above the panels (default: the run's folder name and its number of GRPO steps).
 
     Keys absent from every GRPO record are skipped; the panels are laid out in 2 or 3 columns (1 for a
     single panel), ``metrics_image_size(n_panels)`` pixels in all. Returns ``out_path`` as a Path.
@@ -312,7 +315,7 @@ def plot_metrics(
     image = Image.new("RGB", (width * s, height * s), WHITE)
     draw = ImageDraw.Draw(image)
     run = metrics_path.parent.name or metrics_path.name
-    header = f"{run}  ·  {len(grpo)} GRPO steps  ·  thin line: per step, thick line: moving average"
+    header = header or f"{run}  ·  {len(grpo)} GRPO steps  ·  thin line: per step, thick line: moving average"
     draw.text((10 * s, 8 * s), header, fill=TEXT, font=_font(13 * s))
     panel_w = width * s // cols
     for i, (title, points, xr, colour, sparse) in enumerate(panels):

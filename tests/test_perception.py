@@ -1,0 +1,57 @@
+"""The tiny VLM's perception pretraining (mmgrpo.tiny.perception): it teaches each cell's colour and shape on
+held-out scenes, never asks an RL task's question, and a failed check leaves the model as it was."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mmgrpo.errors import MmgrpoError
+from mmgrpo.tiny.perception import PROMPT, PerceptionSpec, draw_scene, pretrain_perception
+
+
+@pytest.fixture
+def blind_copy(tiny_model_dir, tmp_path):
+    out = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, out)
+    return out
+
+
+def test_pretraining_teaches_every_cell_and_writes_its_curve(blind_copy):
+    summary = pretrain_perception(blind_copy)
+    curve = [json.loads(line) for line in (blind_copy / "perception.jsonl").read_text().splitlines()]
+    before, after = curve[0], curve[-1]
+    assert before["step"] == 0 and after["step"] == PerceptionSpec().steps
+    assert before["object_acc"] < 0.2  # blind: it cannot name what is in a cell
+    assert after["object_acc"] >= 0.95 and after["empty_acc"] >= 0.95
+    assert summary["check"] == after and json.loads((blind_copy / "perception.json").read_text())["check"] == after
+
+
+def test_the_scenes_never_ask_a_counting_question():
+    assert "how many" not in PROMPT.lower() and not any(ch.isdigit() for ch in PROMPT)
+    scenes = [draw_scene(random.Random(seed)) for seed in range(50)]
+    assert {len(s.objects) for s in scenes} >= {0, 5, 10}  # empty boards to full ones
+    assert all(s.image.size == (112, 112) for s in scenes)
+
+
+def test_a_failed_check_leaves_the_model_as_it_was(blind_copy):
+    weights = (blind_copy / "model.safetensors").read_bytes()
+    with pytest.raises(MmgrpoError, match="below its check.*unchanged"):
+        pretrain_perception(blind_copy, PerceptionSpec(steps=1, log_every=1))
+    assert (blind_copy / "model.safetensors").read_bytes() == weights
+    assert not (blind_copy / "perception.json").exists()
+
+
+def test_sees_needs_a_vision_model(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmgrpo", "tiny-model", str(tmp_path / "m"), "--sees", "--text-only"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "--sees pretrains a vision model" in proc.stderr
+    assert not (tmp_path / "m").exists()
