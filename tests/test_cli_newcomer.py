@@ -192,10 +192,10 @@ def test_ctrl_c_in_the_demo_is_one_line_exit_130_and_keeps_the_built_model(tmp_p
     assert demo.returncode == 130 and "Traceback" not in err, err[-3000:]
     (line,) = error_lines(err)
     assert line == (
-        f"mmgrpo: demo interrupted; the run is not saved; kept the tiny model in {out / 'tiny-model'} "
+        f"mmgrpo: demo interrupted; the run is not saved; kept the tiny model that sees in {out / 'tiny-model-sees'} "
         "(a new demo reuses it)"
     )
-    assert (out / "tiny-model" / "model.safetensors").is_file() and not (out / ".mmgrpo.lock").exists()
+    assert (out / "tiny-model-sees" / "model.safetensors").is_file() and not (out / ".mmgrpo.lock").exists()
 
 
 def test_ctrl_c_while_the_model_loads_is_one_line_exit_130(tiny_model_dir, tmp_path, monkeypatch, capsys):

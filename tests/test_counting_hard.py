@@ -19,7 +19,7 @@ from mmgrpo.registry import make_env
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "counting_hard.yaml"
 SHAPES = ("circle", "square", "triangle")
-COLORS = ("red", "green", "blue")
+COLORS = ("red", "green", "blue", "yellow")
 HARD = dict(max_count=5, shapes=SHAPES, colors=COLORS, min_distractors=2, distractors=4, near_misses=True)
 
 
@@ -53,7 +53,7 @@ def test_example_config_loads_and_validates():
     assert cfg.env.name == "counting" and isinstance(env, CountingEnv)
     assert (env.target_shape, env.target_color) == (None, None)  # a per-scene target
     assert env.shapes == SHAPES and env.colors == COLORS
-    assert (env.min_distractors, env.distractors, env.near_misses) == (2, 4, True)
+    assert (env.min_distractors, env.distractors, env.near_misses) == (4, 6, True)
     assert cfg.model.freeze_vision and cfg.warm_start.enabled and cfg.warm_start.source == "format"
     # the warm start's random answers cover exactly the env's counts
     assert (cfg.warm_start.random_low, cfg.warm_start.random_high) == (env.min_count, env.max_count)
@@ -64,8 +64,8 @@ def test_example_config_loads_and_validates():
 def test_example_config_bad_override_is_a_config_error():
     from mmgrpo.train.trainer import build_env_factory
 
-    cfg = load_config(CONFIG, ["env.kwargs.min_distractors=5"])
-    with pytest.raises(ConfigError, match=r"min_distractors=5, distractors=4"):
+    cfg = load_config(CONFIG, ["env.kwargs.min_distractors=7"])
+    with pytest.raises(ConfigError, match=r"min_distractors=7, distractors=6"):
         build_env_factory(cfg)
     cfg = load_config(CONFIG, ["env.kwargs.near_miss=true"])
     with pytest.raises(ConfigError, match="Did you mean 'near_misses'"):
@@ -193,7 +193,7 @@ PINNED = [
         [[88, 88, 108, 108], [4, 88, 24, 108], [88, 32, 108, 52]],
     ),
     (
-        {"distractors": 4, "shapes": SHAPES, "colors": COLORS},
+        {"distractors": 4, "shapes": SHAPES, "colors": ("red", "green", "blue")},
         "train",
         0,
         "How many green squares are in the image?",
@@ -202,7 +202,7 @@ PINNED = [
         [[88, 88, 108, 108]],
     ),
     (
-        {"distractors": 4, "shapes": SHAPES, "colors": COLORS},
+        {"distractors": 4, "shapes": SHAPES, "colors": ("red", "green", "blue")},
         "eval",
         1,
         "How many blue circles are in the image?",

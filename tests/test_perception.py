@@ -55,3 +55,23 @@ def test_sees_needs_a_vision_model(tmp_path):
     )
     assert proc.returncode != 0 and "--sees pretrains a vision model" in proc.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_the_weights_do_not_depend_on_the_callers_thread_count(tiny_model_dir, tmp_path):
+    import torch
+
+    spec = PerceptionSpec(steps=4, log_every=2, min_accuracy=0.0)
+    before = torch.get_num_threads()
+    weights = []
+    try:
+        for threads in (1, 2):
+            out = tmp_path / f"threads-{threads}"
+            shutil.copytree(tiny_model_dir, out)
+            torch.set_num_threads(threads)
+            pretrain_perception(out, spec)
+            assert torch.get_num_threads() == threads  # the caller's count is given back
+            weights.append((out / "model.safetensors").read_bytes())
+    finally:
+        torch.set_num_threads(before)
+    assert weights[0] == weights[1]
+    assert weights[0] != (tiny_model_dir / "model.safetensors").read_bytes()

@@ -47,25 +47,30 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     n = count_parameters(AutoModelForImageTextToText.from_pretrained(out))
     print(f"tiny Qwen2.5-VL ({n / 1e6:.2f}M parameters) saved to {out}")
     if args.sees:
-        from mmgrpo.train.plots import plot_metrics
-
-        done = json.loads((out / "perception.json").read_text())
-        check = done["check"]
-        picture = plot_metrics(
-            out / "perception.jsonl",
-            out / "perception.png",
-            keys=PERCEPTION_KEYS,
-            header=f"perception pretraining of the tiny VLM  ·  held-out cells every {done['spec']['log_every']} steps",
-        )
-        print(
-            f"perception pretraining: {done['spec']['steps']} steps in {done['seconds']:.0f} s; held-out cells: "
-            f"object {check['object_acc']:.2f} (colour {check['color_acc']:.2f}, shape {check['shape_acc']:.2f}), "
-            f"empty {check['empty_acc']:.2f}; curve {picture}"
-        )
+        print(f"perception pretraining: {perception_summary(out)}")
     return 0
 
 
 PERCEPTION_KEYS = ("object_acc", "color_acc", "shape_acc", "empty_acc", "loss")
+
+
+def perception_summary(model_dir: Path) -> str:
+    """Draw ``model_dir/perception.png`` from the pretraining's curve and say what it reached, in one line."""
+    from mmgrpo.train.plots import plot_metrics
+
+    done = json.loads((model_dir / "perception.json").read_text())
+    check, spec = done["check"], done["spec"]
+    picture = plot_metrics(
+        model_dir / "perception.jsonl",
+        model_dir / "perception.png",
+        keys=PERCEPTION_KEYS,
+        header=f"perception pretraining of the tiny VLM  ·  held-out cells every {spec['log_every']} steps",
+    )
+    return (
+        f"{spec['steps']} steps in {done['seconds']:.0f} s; held-out cells named right: {check['object_acc']:.2f} "
+        f"(colour {check['color_acc']:.2f}, shape {check['shape_acc']:.2f}), empty {check['empty_acc']:.2f}; "
+        f"curve {picture}"
+    )
 
 
 def write_error(what: str, path: Path, exc: OSError) -> MmgrpoError:

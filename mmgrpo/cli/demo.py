@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from mmgrpo.cli.commands import Interrupted, write_error, write_pictures
+from mmgrpo.cli.commands import Interrupted, perception_summary, write_error, write_pictures
 from mmgrpo.cli.threads import set_cpu_threads
 from mmgrpo.errors import MmgrpoError
 
@@ -19,6 +19,8 @@ DEMO_CONFIGS = {
     "text_math": "examples/text_math_tiny.yaml",  # the tiny text-only model learns addition
 }
 TEXT_ONLY_DEMOS = {"text_math"}  # built on the tiny text-only causal LM, not the tiny VLM
+# on the tiny VLM after its perception pretraining (tiny-model --sees)
+SEEING_DEMOS = {"counting", "counting_hard"}
 DEMO_CONFIG = DEMO_CONFIGS["counting"]
 
 
@@ -51,7 +53,8 @@ def _demo_kept(out: Path) -> str:
     """The line for a demo stopped by Ctrl-C: which of its models are on disk (each is saved whole)."""
     from mmgrpo.tiny.vlm import is_model_dir
 
-    models = (("tiny-model", "the tiny model"), ("tiny-text-model", "the tiny text model"))
+    models = (("tiny-model", "the tiny model"), ("tiny-model-sees", "the tiny model that sees"))
+    models += (("tiny-text-model", "the tiny text model"),)
     models += (("warm-started", "the warm-started model"),)
     kept = [f"{what} in {out / name}" for name, what in models if is_model_dir(out / name)]
     if not kept:
@@ -70,7 +73,8 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
     t0 = time.perf_counter()
     set_cpu_threads(args.threads)
     text_only = args.task in TEXT_ONLY_DEMOS and not args.config
-    model_dir = out / ("tiny-text-model" if text_only else "tiny-model")
+    sees = args.task in SEEING_DEMOS and not args.config
+    model_dir = out / ("tiny-text-model" if text_only else "tiny-model-sees" if sees else "tiny-model")
     if not is_model_dir(model_dir):
         try:
             if text_only:
@@ -78,11 +82,13 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
 
                 build_tiny_text_model(model_dir)
             else:
-                build_tiny_model(model_dir)
+                build_tiny_model(model_dir, sees=sees)
         except OSError as exc:
             raise write_error("the tiny model", model_dir, exc) from exc
         what = "text-only Qwen2" if text_only else "Qwen2.5-VL"
         print(f"demo: built the tiny {what} in {model_dir}", flush=True)
+        if sees:
+            print(f"demo: perception pretraining: {perception_summary(model_dir)}", flush=True)
     config = Path(args.config) if args.config else _find_demo_config(args.task)
     overrides = [f"model.path={model_dir}", f"output_dir={out / 'run'}", *args.set]
     cfg = load_config(config, overrides)

@@ -45,7 +45,8 @@ NONE = "none"
 
 @dataclass(frozen=True)
 class PerceptionSpec:
-    """Settings of the perception pretraining (defaults: about 20-30 s on 2 CPU cores)."""
+    """Settings of the perception pretraining (defaults: about 20 s; it runs on one CPU thread, so that the
+    weights are the same bit for bit whatever the caller's thread count)."""
 
     steps: int = 60
     batch_size: int = 32
@@ -195,31 +196,38 @@ def pretrain_perception(
     rng = random.Random(spec.seed)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-        for step in range(spec.steps + 1):
-            if step % spec.log_every == 0 or step == spec.steps:
-                record = {"step": step, **perception_check(model, batcher, held_out)}
-                records.append(record)
-                if progress:
-                    progress(step, record)
-            if step == spec.steps:
-                break
-            scale = (
-                min(1.0, (step + 1) / spec.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / spec.steps))
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = spec.lr * scale
-            scenes = [draw_scene(rng, max_objects=spec.max_objects) for _ in range(spec.batch_size)]
-            loss = perception_loss(batcher.logits(model, batcher.inputs(scenes)), batcher.targets(scenes))
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            records[-1].setdefault("loss", float(loss.detach()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same weights bit for bit whatever the caller's thread count
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+            model.train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+            for step in range(spec.steps + 1):
+                if step % spec.log_every == 0 or step == spec.steps:
+                    record = {"step": step, **perception_check(model, batcher, held_out)}
+                    records.append(record)
+                    if progress:
+                        progress(step, record)
+                if step == spec.steps:
+                    break
+                scale = (
+                    min(1.0, (step + 1) / spec.warmup_steps)
+                    * 0.5
+                    * (1 + math.cos(math.pi * step / spec.steps))
+                )
+                for group in optimizer.param_groups:
+                    group["lr"] = spec.lr * scale
+                scenes = [draw_scene(rng, max_objects=spec.max_objects) for _ in range(spec.batch_size)]
+                loss = perception_loss(batcher.logits(model, batcher.inputs(scenes)), batcher.targets(scenes))
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                records[-1].setdefault("loss", float(loss.detach()))
+    finally:
+        torch.set_num_threads(threads)
     model.eval()
     final = records[-1]
     seconds = time.perf_counter() - start
