@@ -13,8 +13,9 @@ token is asked to name the cell's object: its colour word (or " none") among the
 word (or " none") among the shape words: two softmaxes over those few rows of the tied output embedding.
 The image token's own hidden state then carries the object's words, which later attention can match
 against a question's words. Nothing else is trained: no text is generated, so a step is one forward over the
-prompt. Measured on the 2-core machine: per-cell colour and shape accuracy on held-out scenes goes from
-0.00 to 1.00 within 50 steps of 32 scenes (about 20 s).
+prompt. Measured on the 2-core machine: the held-out cells named right (colour and shape) go from 0.02 to
+1.00 by step 20 of the default 60 steps of 32 scenes (about 20 s in all). A yes/no "Is there a blue
+square?" at the answer position, tried as a third objective, stayed at chance for 200 steps.
 
 What the scenes are, and what they are not: 0-10 objects (4 shapes x 6 colours, any mix, one per cell) on
 a white board, the prompt ``Describe the image.``. No question of any RL task is asked and no count is ever
