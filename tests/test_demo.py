@@ -1,7 +1,8 @@
 """The embedded demos, end to end, each asserting its done-when on held-out accuracy (n = 200).
 
-Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, text_math and tools demos after
-the fast tests). On 2 CPU cores: counting about 4-5 minutes, text_math about 2.5, tools about 6.
+Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, text_math, tools and tools_lookup
+demos after the fast tests). On 2 CPU cores: counting about 3 minutes, text_math about 2, tools about 6,
+tools_lookup about 12.
 `--demo-set KEY=VALUE` adds an override to every demo here, e.g. `--demo-set seed=1`, or
 `--demo-set grpo.steps=5` to see a demo fall short and its test fail.
 """
@@ -44,6 +45,16 @@ def test_demo_learns_to_use_the_calculator(tmp_path, capsys, demo_sets):
     right_before = summary["tool_use_before"]["env/right_call"]
     assert summary["tool_use_after"]["env/right_call"] - right_before >= 0.5, summary
     assert any((tmp_path / "run" / "transcripts").glob("episode-*.md"))
+
+
+@pytest.mark.slow
+def test_demo_learns_to_look_up_then_multiply(tmp_path, capsys, demo_sets):
+    """Two tools in sequence (a price over HTTP, then the calculator) and a per-call cost."""
+    summary = run_demo("tools_lookup", tmp_path, capsys, demo_sets)
+    assert summary["before"] <= 0.30 and summary["after"] >= 0.80, summary
+    # what GRPO changed is the first call: a lookup when the question states no price
+    before, after = summary["tool_use_before"], summary["tool_use_after"]
+    assert after["env/lookup_unpriced"] - before["env/lookup_unpriced"] >= 0.5, summary
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ def blind_copy(tiny_model_dir, tmp_path):
     return out
 
 
+@pytest.mark.slow  # about 25 s; .ci/run runs it in the slow tier (the fast tier is near its 10 minutes)
 def test_pretraining_teaches_every_cell_and_writes_its_curve(blind_copy):
     summary = pretrain_perception(blind_copy)
     curve = [json.loads(line) for line in (blind_copy / "perception.jsonl").read_text().splitlines()]

@@ -16,6 +16,7 @@ DEMO_CONFIGS = {
     "counting": "examples/counting_tiny.yaml",  # the tiny VLM learns to count red circles
     "counting_hard": "examples/counting_hard.yaml",  # ... the named kind among several, with distractors
     "tools": "examples/tools_math_tiny.yaml",  # the tiny model learns to use a calculator
+    "tools_lookup": "examples/tools_lookup_tiny.yaml",  # ... to look a price up over HTTP, then multiply
     "text_math": "examples/text_math_tiny.yaml",  # the tiny text-only model learns addition
 }
 TEXT_ONLY_DEMOS = {"text_math"}  # built on the tiny text-only causal LM, not the tiny VLM
