@@ -1,6 +1,6 @@
 """A shop's price list served over HTTP on 127.0.0.1, for the ``tool_lookup`` env's ``lookup`` tool.
 
-``GET <url>/<item>`` answers ``{"item": 417, "price": 38}`` for an item of the catalogue (numbers ``first`` to
+``GET <url>/<item>`` answers ``{"price": 38}`` for an item of the catalogue (numbers ``first`` to
 ``last``), and 404 with ``{"error": "..."}`` saying which items exist for anything else. The prices are a
 pure function of the catalogue seed, so a run, its evaluation and a resumed run see the same shop.
 
@@ -52,7 +52,10 @@ class PriceService:
                 head, _, tail = self.path.partition(PATH + "/")
                 item = int(tail) if head == "" and tail.isdigit() and len(tail) <= 6 else None
                 if item in prices:
-                    self._send(200, {"item": item, "price": prices[item]})
+                    # the price alone: with the item echoed too ({"item": 417, "price": 38}) the tiny model's
+                    # drills passed at step 500 on seed 0 and stalled at 0.2 after 1100 on seed 1; without
+                    # it both pass at step 350
+                    self._send(200, {"price": prices[item]})
                 else:
                     self._send(
                         404, {"error": f"no item at {self.path[:40]}; items are {PATH}/{first} to {last}"}

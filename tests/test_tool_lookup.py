@@ -59,7 +59,7 @@ def test_the_price_list_is_served_over_http_on_the_loopback():
     try:
         assert service.url.startswith("http://127.0.0.1:") and service.url.endswith("/prices")
         answer = httpx.get(f"{service.url}/417", timeout=5)
-        assert answer.status_code == 200 and answer.json() == {"item": 417, "price": service.prices[417]}
+        assert answer.status_code == 200 and answer.json() == {"price": service.prices[417]}
         for bad in ("/5", "/abc", "/1000", ""):
             missing = httpx.get(f"{service.url}{bad}", timeout=5)
             assert missing.status_code == 404 and "items are /prices/100 to 999" in missing.json()["error"]
@@ -74,7 +74,7 @@ def test_lookup_reads_the_price_through_the_http_tool_and_a_bad_item_is_an_obser
     _, info = env.reset(seed=1)
     obs, reward, terminated, _, step_info = env.step(tool_call_text("lookup", {"item": info["item"]}))
     assert not terminated and reward == 0.0 and step_info["tool_names"] == ["lookup"]
-    assert json.loads(message_text(obs[0])) == {"item": info["item"], "price": info["price"]}
+    assert json.loads(message_text(obs[0])) == {"price": info["price"]}
     obs, _, terminated, _, _ = env.step(
         tool_call_text("lookup", {"item": 7})
     )  # no such item: the 404 is text
