@@ -26,7 +26,15 @@ from typing import Any
 
 from mmgrpo.env import ChatEnv, DemoTurn, Message, Task, check_step, start_task
 from mmgrpo.errors import ConfigError
-from mmgrpo.tools.runner import Tool, ToolRunner, as_tool, count_failures, tool_message
+from mmgrpo.tools.runner import (
+    Tool,
+    ToolCall,
+    ToolRunner,
+    as_tool,
+    count_failures,
+    parse_tool_calls,
+    tool_message,
+)
 
 MIN_TURNS = 2
 """The fewest turns in which a tool call can be answered: the call, then a turn that reads its result."""
@@ -110,13 +118,17 @@ class ToolEnv(ChatEnv):
         task, info = start_task(self, seed, options)
         self.runner = ToolRunner(self.episode_tools(task), **self.runner_settings)
         self._task, self._done = task, False
+        self.last_calls: list[ToolCall] = []
         self._info = dict(info, tools=self.runner.schemas)
         return list(task.messages), dict(self._info)
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         check_step(self, self._task is not None, self._done, action)
         assert self.runner is not None
-        results = self.runner.run(action)
+        entries = parse_tool_calls(action)
+        # the well-formed calls of this step, for subclasses' metrics (parsed once, here)
+        self.last_calls = [e for e in entries if isinstance(e, ToolCall)]
+        results = self.runner.run_parsed(entries)
         info = dict(
             self._info or {},
             tool_calls=len(results),

@@ -45,7 +45,8 @@ from mmgrpo.envs.counting import scene_seed
 from mmgrpo.envs.price_service import Catalogue, shared_price_service
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError
-from mmgrpo.tools.runner import ToolCall, parse_tool_calls, tool_call_text
+from mmgrpo.toolbox.calculator import value_of
+from mmgrpo.tools.runner import tool_call_text
 
 DEFAULT_SYSTEM_PROMPT = "Use the tools you need, then answer with the number only, inside <answer></answer>."
 DEFAULT_QUESTION = "What do {quantity} of item {item} cost?"
@@ -117,10 +118,10 @@ class ToolLookupEnv(ToolEnv):
                 raise ValueError(f"item must be an item number like 417, got {item!r:.40}")
             return fetch(str(item))
 
-        lookup.timeout_s = getattr(fetch, "timeout_s", None)  # type: ignore[attr-defined]
+        lookup.timeout_s = fetch.timeout_s  # type: ignore[attr-defined]  # the runner waits this long for it
         super().__init__(
             [lookup, calculator],
-            timeout_s=max(timeout_s, lookup.timeout_s or 0.0),
+            timeout_s=timeout_s,
             max_result_chars=max_result_chars,
             max_calls_per_turn=max_calls_per_turn,
         )
@@ -184,14 +185,13 @@ class ToolLookupEnv(ToolEnv):
     def step(self, action: str):
         obs, reward, terminated, truncated, info = super().step(action)
         task = self._info or {}
-        if isinstance(action, str) and "<tool_call>" in action:
-            calls = [c for c in parse_tool_calls(action) if isinstance(c, ToolCall)]
+        if calls := self.last_calls:
             self._looked_up |= any(
                 c.name == "lookup" and c.arguments.get("item") == task["item"] for c in calls
             )
             asked = task["price"] * task["quantity"]
             self._right_calc |= any(
-                c.name == "calculator" and _value(c.arguments.get("expression")) == asked for c in calls
+                c.name == "calculator" and value_of(c.arguments.get("expression")) == asked for c in calls
             )
         looked = "lookup_priced" if task.get("priced") else "lookup_unpriced"
         info["metrics"] = {looked: float(self._looked_up), "right_calc": float(self._right_calc)}
@@ -208,12 +208,3 @@ def _first_name_shown(call: str, name: str) -> tuple[str | Shown, ...]:
     head, tail = call.split(f'"{name}"', 1)
     return (head + '"', Shown(name), '"' + tail)
 
-
-def _value(expression: object) -> float | None:
-    """The calculator's value of ``expression``, or None if it has none."""
-    from mmgrpo.toolbox.calculator import calculator
-
-    try:
-        return float(calculator(str(expression)))
-    except ValueError:
-        return None

@@ -42,7 +42,8 @@ from mmgrpo.env import DemoTurn, Shown, Task
 from mmgrpo.envs.text_math import OPS, arithmetic_task
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError, did_you_mean
-from mmgrpo.tools.runner import ToolCall, parse_tool_calls, tool_call_text
+from mmgrpo.toolbox.calculator import value_of
+from mmgrpo.tools.runner import tool_call_text
 
 DEFAULT_SYSTEM_PROMPT = (
     "Use a tool when you need it, then answer with the number only, inside <answer></answer>."
@@ -159,12 +160,11 @@ class ToolMathEnv(ToolEnv):
     def step(self, action: str):
         obs, reward, terminated, truncated, info = super().step(action)
         task = self._info or {}
-        if isinstance(action, str) and "<tool_call>" in action:
+        if self.last_calls:
             asked = OPS[task["op"]](task["a"], task["b"])
             self._right_call |= any(
-                call.name == "calculator" and _value(call.arguments.get("expression")) == asked
-                for call in parse_tool_calls(action)
-                if isinstance(call, ToolCall)
+                call.name == "calculator" and value_of(call.arguments.get("expression")) == asked
+                for call in self.last_calls
             )
         # "did the episode call the calculator on the question's expression": what GRPO has to learn
         info["metrics"] = {"right_call": float(self._right_call)}
@@ -175,12 +175,3 @@ class ToolMathEnv(ToolEnv):
         """A final answer that deserves full reward for the task described by ``info``."""
         return f"<answer>{info['answer']}</answer>"
 
-
-def _value(expression: object) -> float | None:
-    """The calculator's value of ``expression``, or None if it has none."""
-    from mmgrpo.toolbox.calculator import calculator
-
-    try:
-        return float(calculator(str(expression)))
-    except ValueError:
-        return None

@@ -16,7 +16,7 @@ import ast
 import math
 import operator
 
-__all__ = ["MAX_ABS", "MAX_CHARS", "calculator", "format_number"]
+__all__ = ["MAX_ABS", "MAX_CHARS", "calculator", "format_number", "value_of"]
 
 MAX_CHARS = 200
 """Longest expression accepted."""
@@ -63,6 +63,14 @@ def calculator(expression: str) -> str:
     except (ValueError, RecursionError, MemoryError):  # null bytes, absurd nesting
         raise ValueError(f"cannot parse {text!r}") from None
     return format_number(_evaluate(tree.body))
+
+
+def value_of(expression: object) -> float | None:
+    """The calculator's value of ``expression`` as a float, or None where it refuses it (for env metrics)."""
+    try:
+        return float(calculator(str(expression)))
+    except ValueError:
+        return None
 
 
 def format_number(value: Number) -> str:

@@ -458,7 +458,10 @@ class ToolRunner:
 
     def run(self, text: str) -> list[ToolResult]:
         """One result per call of ``text`` (the ``MAX_PARSED_CALLS`` first), in order; [] when there is none."""
-        entries = parse_tool_calls(text)
+        return self.run_parsed(parse_tool_calls(text))
+
+    def run_parsed(self, entries: list[ToolCall | ToolFailure]) -> list[ToolResult]:
+        """:meth:`run` on calls already parsed by :func:`parse_tool_calls`."""
         outcomes: list[ToolResult | _Call] = [self._start(i, entry) for i, entry in enumerate(entries)]
         return [self._finish(x) if isinstance(x, _Call) else x for x in outcomes]
 
