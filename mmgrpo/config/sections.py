@@ -66,6 +66,12 @@ class ModelConfig(Section):
     vision_lr: float | None = None
     """Learning rate of the vision tower and projector (null = grpo.lr); a small value (e.g. lr / 10) lets
     the encoder adapt without collapsing its features. Ignored when freeze_vision is on."""
+    fsdp: bool = False
+    """Shard the parameters, gradients and AdamW state over the processes of `accelerate launch` with
+    PyTorch FSDP2 (fully_shard per decoder layer): each of W processes holds 1/W of them, so models that do
+    not fit one device with DDP train. Works on CPU processes (gloo) and GPUs; accelerate's FSDP config
+    (examples/accelerate/fsdp.yaml) turns it on by itself. Sampling runs on gathered weights
+    (docs/distributed.md). Not with LoRA or the warm start (run `mmgrpo sft` first)."""
     offload_reference: bool = False
     """Keep the KL reference copy in CPU memory and move it to the device only for its pass (once per
     step): frees its weights' device memory between passes at the cost of two host-device copies per

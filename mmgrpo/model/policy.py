@@ -77,11 +77,15 @@ class Policy:
         """fp32, or bf16 / fp16: every forward runs under autocast to that dtype (weights stay as stored)."""
         self.reference = None
         self.reference_is_base = False
+        """True with LoRA: the reference is this model with its adapter disabled, not a copy."""
         self._reference_vision_frozen = False
+        """Whether the reference copy was made with the encoder frozen (it then shares its features)."""
         self.offload_reference = False
         """Keep the reference copy in CPU memory between its passes (see ``reference_on_device``)."""
-        """Whether the reference copy was made with the encoder frozen (it then shares its features)."""
-        """True with LoRA: the reference is this model with its adapter disabled, not a copy."""
+        self.lockstep = False
+        """True when the weights are sharded over processes (FSDP): every forward is a collective, so a
+        scoring pass is one forward through the whole model whatever the batch (no shared prefill, whose
+        number of forwards depends on the episodes)."""
         disable_dropout(model)
         tok = self.tokenizer
         self.adapter = adapter_for(model)
@@ -544,7 +548,7 @@ class Policy:
         # the shared prefill needs a KV cache, which gradient checkpointing turns off in training passes
         checkpointing = checkpointing_on(unwrap(model)) and model.training
         images_ok = not batch.has_response_images or self.adapter.images_on_cache
-        share = share_prompt and images_ok and not checkpointing
+        share = share_prompt and images_ok and not checkpointing and not self.lockstep
         G = batch.shared_prompt_runs() if share else 1
         base_only = (
             unwrap(model).disable_adapter()

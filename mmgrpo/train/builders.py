@@ -171,22 +171,20 @@ def make_scheduler(name: str, optimizer, *, warmup_steps: int, steps: int):
 def check_engine(accelerator, g, world: int) -> None:
     """Refuse, with the reason and what to use instead, the engines this trainer cannot drive correctly.
 
-    Sharded parameters (FSDP, DeepSpeed ZeRO-3) make every forward pass a collective, so all processes
-    would have to decode in lockstep (the same number of tokens and turns); the sampler does not do that
-    yet, and the frozen reference copy would be a copy of a shard. DeepSpeed (ZeRO-2) steps its optimizer
-    inside each backward, so one step's rows must be one micro-batch.
+    DeepSpeed ZeRO-3 shards the parameters, so every forward is a collective and all processes would
+    have to decode in lockstep; FSDP2 (model.fsdp, or accelerate's FSDP config) shards them too and is
+    driven by ``mmgrpo.train.fsdp`` (sampling on gathered weights), ZeRO-3 is not. DeepSpeed (ZeRO-2)
+    steps its optimizer inside each backward, so one step's rows must be one micro-batch.
     """
     from accelerate.utils import DistributedType
 
     kind = accelerator.distributed_type
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    zero3 = kind == DistributedType.DEEPSPEED and plugin is not None and plugin.zero_stage == 3
-    if kind == DistributedType.FSDP or zero3:
-        name = "FSDP" if kind == DistributedType.FSDP else "DeepSpeed ZeRO-3"
+    if kind == DistributedType.DEEPSPEED and plugin is not None and plugin.zero_stage == 3:
         raise ConfigError(
-            f"{name} shards the parameters, and mmgrpo's sampler cannot decode in lockstep across processes "
-            "yet. Use DDP (examples/accelerate/ddp_multi_gpu.yaml) or DeepSpeed ZeRO-2 "
-            "(deepspeed_zero2.yaml); for a model too large for them, train LoRA adapters (model.lora) with DDP."
+            "DeepSpeed ZeRO-3 shards the parameters, and mmgrpo drives sharded weights only through FSDP2: "
+            "use examples/accelerate/fsdp.yaml (or model.fsdp=true under accelerate launch), DeepSpeed "
+            "ZeRO-2 (deepspeed_zero2.yaml), or LoRA adapters (model.lora) with DDP."
         )
     if kind == DistributedType.DEEPSPEED:
         rows = -(-g.tasks_per_step // world) * g.group_size  # a process's episodes per step

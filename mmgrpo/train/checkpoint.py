@@ -1,8 +1,9 @@
 """Checkpoints that resume a run exactly: ``{output_dir}/checkpoint-N``.
 
 A checkpoint is written by ``accelerate``'s ``save_state`` (optimizer, scheduler, loss scaler and every
-RNG state: python, numpy, torch and each device, one file per process; under FSDP or DeepSpeed also the
-sharded model) plus what mmgrpo adds:
+RNG state: python, numpy, torch and each device, one file per process; under DeepSpeed also the sharded
+model) plus what mmgrpo adds (under FSDP, ``fsdp_shards/``: every process's shards of the model, the
+optimizer state and the reference, by ``torch.distributed.checkpoint``, instead of the model folder):
 
   config.json, model.safetensors, tokenizer...  the policy as a loadable model folder (a LoRA run: the
                                                 adapter), so ``mmgrpo eval --model checkpoint-N`` works
@@ -41,6 +42,7 @@ import torch
 from mmgrpo.errors import ConfigError, MmgrpoError
 from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.io import share_file_modes
+from mmgrpo.train import fsdp
 from mmgrpo.train.distributed import gather_objects
 
 PREFIX = "checkpoint-"
@@ -124,10 +126,18 @@ def checkpoint_files(
     path: Path, *, weights: str | None, reference: bool, rank: int, scaler: bool
 ) -> list[Path]:
     """The files :func:`load_checkpoint` reads from ``path``: the policy's weights (``weights``:
-    "model", "adapter" or None when accelerate saves a sharded model itself), accelerate's optimizer,
+    "model", "adapter", "fsdp" for mmgrpo.train.fsdp's shards, or None when accelerate saves a sharded
+    model itself), accelerate's optimizer,
     scheduler, loss scaler and this process's RNG states, and the KL reference copy."""
     path = Path(path)
     files = []
+    if weights == "fsdp":  # every process's shards (model, optimizer, reference) and the scheduler
+        return [
+            path / fsdp.SHARDS_DIR / ".metadata",
+            path / "custom_checkpoint_0.pkl",
+            path / f"random_states_{rank}.pkl",
+            *([path / "scaler.pt"] if scaler else []),
+        ]
     if weights == "adapter":
         files.append(path / "adapter_model.safetensors")
     elif weights == "model":
@@ -147,7 +157,12 @@ def checkpoint_files(
 
 def checkpoint_problems(path: Path, files: list[Path]) -> list[str]:
     """What is wrong with the ``files`` (as named by :func:`checkpoint_files`) in checkpoint ``path``."""
-    return [p for p in (damaged_file(Path(path) / f.name) for f in files) if p]
+    return [p for p in (damaged_file(Path(path) / _inside(f)) for f in files) if p]
+
+
+def _inside(f: Path) -> Path:
+    """``f``'s path inside its checkpoint folder (a file of the shards folder keeps that folder)."""
+    return Path(f.parent.name, f.name) if f.parent.name == fsdp.SHARDS_DIR else Path(f.name)
 
 
 def earlier_checkpoint(path: Path, files: list[Path] | None = None) -> str:
@@ -222,8 +237,11 @@ def save_checkpoint(trainer, path: Path, keep_last: int) -> Path:
     failure = None
     try:
         acc.save_state(str(partial))
+        sharded = getattr(trainer, "sharded", False)
+        if sharded:  # every process writes its shards of the model, optimizer and reference
+            fsdp.save_sharded(partial, trainer.policy.model, trainer.optimizer, trainer.policy.reference)
         if acc.is_main_process:
-            ref = trainer.policy.reference
+            ref = None if sharded else trainer.policy.reference
             if ref is not None:
                 from safetensors.torch import save_model
 
@@ -317,11 +335,12 @@ def load_checkpoint(trainer, path: Path) -> dict[str, Any]:
     if refused:
         raise ConfigError(f"--resume {path}: {'; '.join(refused)}")
     policy = trainer.policy
-    sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    ours = getattr(trainer, "sharded", False)  # sharded by mmgrpo.train.fsdp: its own shard files
+    sharded = ours or acc.distributed_type == DistributedType.DEEPSPEED
     files = checkpoint_files(
         path,
-        weights=None if sharded else ("adapter" if policy.lora else "model"),
-        reference=trainer.cfg.grpo.beta > 0 and not policy.lora,
+        weights="fsdp" if ours else None if sharded else ("adapter" if policy.lora else "model"),
+        reference=trainer.cfg.grpo.beta > 0 and not policy.lora and not ours,
         rank=acc.process_index,
         scaler=acc.scaler is not None,
     )
@@ -332,7 +351,9 @@ def load_checkpoint(trainer, path: Path) -> dict[str, Any]:
         )
     try:
         acc.load_state(str(path))
-        if trainer.cfg.grpo.beta > 0:
+        if ours:  # the reference was made (sharded) at start; its saved shards replace it
+            fsdp.load_sharded(path, policy.model, trainer.optimizer, policy.reference)
+        elif trainer.cfg.grpo.beta > 0:
             policy.make_reference()  # a copy of the restored weights, replaced below by the saved reference
             if policy.reference is not None:
                 from safetensors.torch import load_model

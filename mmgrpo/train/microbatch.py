@@ -5,7 +5,9 @@ Advantages arrive computed over whole groups (before any split). The rows are cu
 every micro-batch's loss is normalised by the global sequence and token counts, so the sum of the
 micro-batches' gradients over every process is the full batch's gradient, whatever the cut. Every process
 runs as many backward passes (a process with fewer micro-batches adds zero-weight ones), because DDP
-synchronises gradients on the last. ``reward_kl`` is the per-episode KL of ``grpo.kl_in=reward``.
+synchronises gradients on the last; with sharded weights (FSDP, ``policy.lockstep``) the passes without a
+gradient do the same, since every forward is a collective there. ``reward_kl`` is the per-episode KL of
+``grpo.kl_in=reward``.
 """
 
 from __future__ import annotations
@@ -55,14 +57,26 @@ def reward_kl(
     shares sum to the mean over every process, the quantity the loss reports as ``kl`` with kl_in=loss
     and the one ``target_kl`` is compared with)."""
     kl = torch.zeros(len(tokens), dtype=torch.float64)  # (N,)
+    mbs, mb_tokens = micro_batches(tokens, G, g)
     with torch.no_grad(), policy.reference_on_device():
-        for rows, mb in zip(*micro_batches(tokens, G, g), strict=True):
+        for k in range(lockstep_passes(policy, accelerator, len(mbs))):
+            rows, mb = (mbs[k], mb_tokens[k]) if k < len(mbs) else (mbs[0], mb_tokens[0])
             now = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
             ref = policy.logprobs(mb, temperature=g.temperature, reference=True)  # (n, t)
+            if k >= len(mbs):
+                continue  # a pass that only keeps this process in step with the others (sharded weights)
             mask = mb.loss_mask.to(now.device)
             kl[rows] = sequence_kl(now, ref, mask, g.kl_estimator).double().cpu()  # (n,)
     num_tokens = int(global_counts(accelerator, int(tokens.loss_mask.sum()))[:, 0].sum())
     return kl.float(), float(kl.sum()) / max(num_tokens, 1)
+
+
+def lockstep_passes(policy: Policy, accelerator, local: int) -> int:
+    """How many scoring passes this process runs: its ``local`` micro-batches, or with sharded weights
+    (every forward a collective) the most any process has."""
+    if not policy.lockstep:
+        return local
+    return int(global_counts(accelerator, local)[:, 0].max())
 
 
 def update(
@@ -90,8 +104,9 @@ def update(
     n_mb = int(counts[:, 2].max())  # every process runs as many backward passes (DDP syncs on the last)
 
     ref_lp, old_lp = [], []
+    spare = n_mb - len(mbs) if policy.lockstep else 0  # sharded weights: every process runs n_mb passes
     with torch.no_grad(), policy.reference_on_device():
-        for mb in mb_tokens:
+        for mb in mb_tokens + mb_tokens[:1] * spare:
             ref_lp.append(
                 policy.logprobs(mb, temperature=g.temperature, reference=True) if beta > 0 else None
             )
@@ -151,6 +166,8 @@ def update(
                 "magnitude"
             )
         norm = acc.clip_grad_norm_(policy.model.parameters(), g.max_grad_norm)
+        if hasattr(norm, "full_tensor"):  # sharded gradients (FSDP): the norm over every process's shards
+            norm = norm.full_tensor()
         stats["grad_norm"] = float(norm) if norm is not None else float("nan")  # DeepSpeed clips itself
         optimizer.step()
         scheduler.step()

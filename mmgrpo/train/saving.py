@@ -28,8 +28,12 @@ def save_run(accelerator, policy: Policy, cfg: Config, out_dir: Path) -> None:
     """
     from accelerate.utils import DistributedType
 
+    from mmgrpo.train import fsdp
+
     state_dict = None
-    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    if fsdp.is_sharded(policy.model):  # sharded by mmgrpo.train.fsdp (model.fsdp or accelerate's config)
+        state_dict = fsdp.full_state_dict(policy.model)  # a collective: every process calls it
+    elif accelerator.distributed_type == DistributedType.DEEPSPEED:
         state_dict = accelerator.get_state_dict(policy.model)  # a collective: every process calls it
     if not accelerator.is_main_process:
         accelerator.wait_for_everyone()

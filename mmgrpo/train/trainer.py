@@ -35,6 +35,8 @@ from mmgrpo.model.io import PRECISION, check_precision
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import RolloutBatch, rollout
 from mmgrpo.train import dynamic, metrics, microbatch
+from mmgrpo.train import fsdp_setup
+from mmgrpo.train.fsdp import gathered
 from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, ... stay importable from here)
     build_env_factory,
     build_rewards,
@@ -98,6 +100,9 @@ class Trainer:
         acc = self.accelerator
         self.rank, self.world, self.is_main = acc.process_index, acc.num_processes, acc.is_main_process
         check_engine(acc, g, self.world)
+        self.sharded = fsdp_setup.wanted(cfg, acc)
+        if self.sharded:  # before the optimizer is built: sharding replaces the parameters
+            fsdp_setup.shard_policy(cfg, acc, self.policy)
         if g.tasks_per_step < self.world:
             raise ConfigError(
                 f"grpo.tasks_per_step={g.tasks_per_step} is fewer than the {self.world} processes: each process "
@@ -115,9 +120,15 @@ class Trainer:
         self.scheduler = make_scheduler(
             g.lr_schedule, self.optimizer, warmup_steps=g.warmup_steps, steps=g.steps * g.num_iterations
         )
-        self.policy.model, self.optimizer, self.scheduler = acc.prepare(
-            self.policy.model, self.optimizer, self.scheduler
-        )
+        if self.sharded:  # sharded above (mmgrpo.train.fsdp); accelerate keeps the scheduler's state
+            from accelerate.scheduler import AcceleratedScheduler
+
+            self.scheduler = AcceleratedScheduler(self.scheduler, [], step_with_optimizer=False)
+            acc.register_for_checkpointing(self.scheduler)
+        else:
+            self.policy.model, self.optimizer, self.scheduler = acc.prepare(
+                self.policy.model, self.optimizer, self.scheduler
+            )
         register_model_hooks(acc, self.policy)
         local_tasks = len(shard(list(range(g.tasks_per_step)), self.rank, self.world))
         most_G = max([g.group_size, *(G for _, G in g.group_size_schedule)])
@@ -274,19 +285,20 @@ class Trainer:
         """Roll out ``seeds``, G episodes each; every process learns whether any failed entirely."""
         g = self.cfg.grpo
         try:
-            batch = rollout(
-                self.policy,
-                self.envs,
-                seeds,
-                group_size=G,
-                split="train",
-                max_new_tokens=g.max_new_tokens,
-                temperature=g.temperature,
-                top_p=g.top_p,
-                top_k=g.top_k,
-                max_turns=self.cfg.env.max_turns,
-                max_episode_tokens=self.cfg.env.max_episode_tokens,
-            )
+            with gathered(self.policy.model):  # sharded weights: whole for the rollout (mmgrpo.train.fsdp)
+                batch = rollout(
+                    self.policy,
+                    self.envs,
+                    seeds,
+                    group_size=G,
+                    split="train",
+                    max_new_tokens=g.max_new_tokens,
+                    temperature=g.temperature,
+                    top_p=g.top_p,
+                    top_k=g.top_k,
+                    max_turns=self.cfg.env.max_turns,
+                    max_episode_tokens=self.cfg.env.max_episode_tokens,
+                )
             error = None
         except EnvError as exc:  # every task of this process failed to reset
             batch, error = None, str(exc)
@@ -416,9 +428,10 @@ class Trainer:
         self._eval_cut_said = True  # said once
         seeds = shard(list(range(e.seed_offset, e.seed_offset + episodes)), self.rank, self.world)
         correct = 0
-        if seeds:
-            with outside_ddp(self.policy):
-                correct = self.evaluate(seeds=seeds).correct
+        with gathered(self.policy.model):  # every process enters: gathering sharded weights is a collective
+            if seeds:
+                with outside_ddp(self.policy):
+                    correct = self.evaluate(seeds=seeds).correct
         return sum(gather_objects(self.accelerator, correct)) / episodes
 
     def warm_start(self) -> float:
@@ -426,6 +439,12 @@ class Trainer:
         (mmgrpo.train.warm_check.warm_start_and_check): WarmStartError when it is missing."""
         from mmgrpo.train.warm_check import warm_start_and_check
 
+        if self.sharded:
+            raise ConfigError(
+                "warm_start runs on whole weights, and this run shards them (FSDP): run the warm start "
+                "first with `mmgrpo sft` (or a DDP run), then point model.path at its output and set "
+                "warm_start.steps=0"
+            )
         done = warm_start_and_check(
             self.policy,
             self.make_env,

@@ -1,0 +1,82 @@
+"""Run by tests/test_fsdp.py under ``accelerate launch`` (2 CPU processes, gloo) with model.fsdp=true.
+
+    fsdp_worker.py OUT CONFIG [--resume CHECKPOINT] [--kill-after STEP] [KEY=VALUE ...]
+
+Trains CONFIG with the --set overrides and saves, per process, to OUT/rank{r}.pt: the shard shapes of
+every parameter, step 1's rows, advantages and synchronised gradient (gathered whole), and the bytes the
+process holds of parameters, gradients and AdamW state after step 1. ``--kill-after STEP``: every process
+SIGKILLs itself right after the checkpoint of STEP is written (a crash, not a clean stop).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+from mmgrpo.config.core import load_config
+from mmgrpo.train import fsdp
+from mmgrpo.train.trainer import Trainer
+
+
+def main(out: Path, config: str, args: list[str]) -> None:
+    resume = kill_after = None
+    sets = []
+    it = iter(args)
+    for a in it:
+        if a == "--resume":
+            resume = Path(next(it))
+        elif a == "--kill-after":
+            kill_after = int(next(it))
+        else:
+            sets.append(a)
+    trainer = Trainer(load_config(config, sets), progress=False)
+    model = trainer.policy.model
+    seen: dict = {
+        "world": trainer.world,
+        "shards": {n: (tuple(fsdp.local_tensor(p).shape), tuple(p.shape)) for n, p in model.named_parameters()},
+        "reference_shards": {
+            n: (tuple(fsdp.local_tensor(p).shape), tuple(p.shape))
+            for n, p in (trainer.policy.reference.named_parameters() if trainer.policy.reference else [])
+        },
+    }
+    real_update, real_step, real_save = trainer.update, trainer.optimizer.step, trainer.save_checkpoint
+
+    def update(tokens, adv, G):
+        if trainer.step == 0:
+            seen["tokens"], seen["adv"] = tokens, adv.clone()
+        return real_update(tokens, adv, G)
+
+    def step(*a, **kw):
+        first = "grads" not in seen and trainer.step == 0
+        if first:  # step 1's gradient after FSDP's reduce-scatter, gathered whole (a collective)
+            seen["grads"] = {
+                n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None
+            }
+        result = real_step(*a, **kw)
+        if first:
+            seen["held"] = fsdp.held_bytes(model, trainer.optimizer)
+        return result
+
+    def save_checkpoint():
+        path = real_save()
+        if kill_after is not None and trainer.step == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return path
+
+    trainer.update, trainer.save_checkpoint = update, save_checkpoint
+    # a bound method: the learning-rate schedule rebuilt on resume wraps the optimizer's step
+    trainer.optimizer.step = types.MethodType(lambda _, *a, **kw: step(*a, **kw), trainer.optimizer)
+    if resume is not None:
+        trainer.resume(resume)
+    trainer.train()
+    seen["final"] = fsdp.full_state_dict(model)  # the gathered weights the final folder should hold
+    torch.save(seen, out / f"rank{trainer.rank}.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3:])

@@ -1,0 +1,215 @@
+"""FSDP2 (model.fsdp): the setting's checks, and 2 CPU processes (gloo) against one.
+
+The two-process tests run ``tests/fsdp_worker.py`` under ``accelerate launch`` and are in the slow tier
+(about 3 minutes together); the checks of the setting run in the fast tier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mmgrpo.config.core import load_config
+from mmgrpo.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMES = ("rollout_time", "train_time", "step_time")
+
+
+# ------------------------------------------------------------------------------------ the setting's checks
+def _accelerator(world: int, kind: str = "MULTI_CPU", **plugin):
+    from accelerate.utils import DistributedType
+
+    state = SimpleNamespace(fsdp_plugin=SimpleNamespace(**plugin) if plugin else None)
+    return SimpleNamespace(distributed_type=DistributedType[kind], num_processes=world, state=state)
+
+
+def _cfg(*sets: str):
+    return load_config(ROOT / "examples" / "counting_tiny.yaml", ["model.fsdp=true", *sets])
+
+
+def test_fsdp_setting_refuses_what_it_cannot_shard_before_a_model_loads():
+    from mmgrpo.train.fsdp_setup import wanted
+
+    assert wanted(load_config(ROOT / "examples" / "counting_tiny.yaml"), _accelerator(2)) is False
+    assert wanted(_cfg("grpo.tasks_per_step=4"), _accelerator(2)) is True
+    cases = [
+        (_cfg(), _accelerator(1), "this run has 1: start it with `accelerate launch --num_processes N"),
+        (_cfg("model.lora={r: 4}"), _accelerator(2), "LoRA adapters are small.*model.fsdp=false"),
+        (_cfg("model.offload_reference=true"), _accelerator(2), "set model.offload_reference=false"),
+        (_cfg("grpo.tasks_per_step=3"), _accelerator(2), "tasks_per_step=3 must be a multiple of the 2"),
+        (
+            load_config(ROOT / "examples" / "counting_tiny.yaml"),
+            _accelerator(2, "FSDP", fsdp_version=1),
+            "fsdp_version 1; mmgrpo drives FSDP2 only: set fsdp_version: 2",
+        ),
+    ]
+    for cfg, acc, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            wanted(cfg, acc)
+
+
+def test_units_are_the_decoder_layers_and_the_vision_tower_stays_in_the_root(tiny_policy):
+    from mmgrpo.train import fsdp
+
+    model = tiny_policy.model
+    found = fsdp.units(model, tiny_policy.adapter.is_vision_param)
+    layers = model.config.get_text_config().num_hidden_layers
+    assert len(found) == layers and all(type(u).__name__.endswith("DecoderLayer") for u in found)
+    with pytest.raises(ValueError, match="names no decoder layer class in _no_split_modules"):
+        fsdp.units(torch.nn.Linear(2, 2), lambda n: False)
+
+
+# ------------------------------------------------------------------------------------ 2 processes
+def _launch(out: Path, config: Path, args: list[str], *, ok: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd += ["--main_process_port", "0", str(ROOT / "tests" / "fsdp_worker.py"), str(out), str(config)]
+    out.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=600, cwd=out)
+    if ok:
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return res
+
+
+def _records(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMES} for r in rows if "stage" not in r]
+
+
+def _check_shards(r: dict) -> None:
+    """Each process holds ceil(d0 / 2) rows of every parameter (FSDP2 shards dim 0), the reference too."""
+    for shapes in (r["shards"], r["reference_shards"]):
+        for name, (local, full) in shapes.items():
+            assert local[1:] == full[1:] and local[0] in (-(-full[0] // 2), full[0] // 2), name
+
+
+def _one_process_gradient(config: Path, sets: list[str], out: Path, r0: dict, r1: dict) -> tuple[float, dict]:
+    """The gradient one process computes on both processes' step-1 rows (worst difference to the
+    synchronised one), and the bytes it then holds of parameters, gradients and AdamW state."""
+    from mmgrpo.model.batch import TokenBatch
+    from mmgrpo.train import fsdp
+    from mmgrpo.train.trainer import Trainer
+
+    cfg = load_config(config, [*[s for s in sets if not s.startswith("model.fsdp")], f"output_dir={out}"])
+    single = Trainer(cfg, progress=False)
+    if cfg.grpo.beta > 0:
+        single.policy.make_reference()
+    grads, real_step = {}, single.optimizer.step
+
+    def step(*a, **kw):
+        model = single.policy.model
+        grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        return real_step(*a, **kw)
+
+    single.optimizer.step = step
+    G = cfg.grpo.group_size
+    tokens = TokenBatch.concat([r0["tokens"], r1["tokens"]], single.policy.pad_token_id)
+    single.update(tokens, torch.cat([r0["adv"], r1["adv"]]), G)
+    assert grads.keys() == r0["grads"].keys()
+    assert max(float(g.abs().max()) for g in grads.values()) > 1e-3  # a real gradient, not zeros
+    worst = max(float((grads[n] - r0["grads"][n]).abs().max()) for n in grads)
+    return worst, fsdp.held_bytes(single.policy.model, single.optimizer)
+
+
+STEPS = [
+    "warm_start.steps=0",
+    "grpo.steps=3",
+    "grpo.tasks_per_step=4",
+    "grpo.group_size=4",
+    "grpo.max_grad_norm=1e9",  # no clipping: the raw gradients are compared
+    "grpo.beta=0.02",
+]
+
+
+@pytest.mark.slow
+def test_fsdp_vision_run_shards_matches_one_process_resumes_exactly_and_reloads(warm_model_dir, tmp_path):
+    """The counting config on 2 processes with model.fsdp: each holds half of every parameter and of the
+    reference; step 1's synchronised gradient equals one process's on the same 16 rows (1e-5); the
+    process holds about half the bytes of parameters, gradients and AdamW state one process holds;
+    held-out evaluation runs every step (on gathered weights); a run SIGKILLed right after step 2's
+    checkpoint and resumed from it repeats step 3 exactly and ends with the same weights; the final
+    folder loads with from_pretrained and holds the gathered weights."""
+    config = ROOT / "examples" / "counting_tiny.yaml"
+    sets = [f"model.path={warm_model_dir}", *STEPS, "grpo.micro_batch_size=4", "grpo.eval_every=1"]
+    sets += ["grpo.eval_episodes=6", "grpo.save_every=1", "model.fsdp=true"]
+    run = tmp_path / "a"
+    _launch(run, config, [*sets, f"output_dir={run / 'run'}"])
+    r0, r1 = (torch.load(run / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["world"] == r1["world"] == 2
+    _check_shards(r0)
+    _check_shards(r1)
+    assert r0["reference_shards"].keys() == r0["shards"].keys()
+    worst, held_one = _one_process_gradient(config, sets, tmp_path / "single", r0, r1)
+    assert worst < 1e-5, worst
+    for key in ("params", "grads", "optimizer"):
+        ratio = r0["held"][key] / held_one[key]
+        assert 0.49 < ratio < 0.52, (key, r0["held"][key], held_one[key])
+    records = _records(run / "run")
+    assert [r["step"] for r in records] == [1, 2, 3] and all("eval_accuracy" in r for r in records)
+
+    crashed = tmp_path / "b"
+    res = _launch(crashed, config, [*sets, f"output_dir={crashed / 'run'}", "--kill-after", "2"], ok=False)
+    assert res.returncode != 0 and not (crashed / "run" / "checkpoint-3").exists()
+    ckpt = crashed / "run" / "checkpoint-2"
+    assert (ckpt / "fsdp_shards" / ".metadata").is_file()
+    _launch(crashed, config, [*sets, f"output_dir={crashed / 'run'}", "--resume", str(ckpt)])
+    assert _records(crashed / "run") == records  # step 3 repeated exactly (and steps 1-2 kept)
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    final = load_file(str(run / "run" / "final" / "model.safetensors"))
+    again = load_file(str(crashed / "run" / "final" / "model.safetensors"))
+    assert all(torch.equal(final[k], again[k]) for k in final)
+    model = AutoModelForImageTextToText.from_pretrained(run / "run" / "final")
+    start = AutoModelForImageTextToText.from_pretrained(warm_model_dir).state_dict()
+    loaded = model.state_dict()
+    assert all(torch.equal(loaded[k], r0["final"][k]) for k in r0["final"])
+    assert any(not torch.equal(loaded[k], start[k]) for k in start)  # trained
+
+
+def _warm(config: Path, model_dir: Path, out: Path, *sets: str) -> Path:
+    """A few supervised warm-start steps (one process), so that GRPO's samples differ in reward."""
+    from mmgrpo.train.trainer import Trainer
+
+    base = [f"model.path={model_dir}", f"output_dir={out / 'run'}", "grpo.steps=0", "warm_start.min_skill=0"]
+    trainer = Trainer(load_config(config, [*base, *sets]), progress=False)
+    trainer.warm_start()
+    trainer.save(out / "model")
+    return out / "model"
+
+
+@pytest.mark.slow
+def test_fsdp_multi_turn_tools_and_text_lm_train_and_match_one_process(tiny_model_dir, tmp_path):
+    """Multi-turn tool episodes on the tiny VLM and single-turn ones on the tiny text LM (Qwen2), each
+    3 steps on 2 processes with model.fsdp: every parameter sharded in half; step 1's gradient equals
+    one process's on the same rows (1e-5); the tool episodes really took several turns."""
+    from mmgrpo.tiny.text import build_tiny_text_model
+
+    tools = ROOT / "examples" / "tools_math_tiny.yaml"
+    text = ROOT / "examples" / "text_math_tiny.yaml"
+    tools_model = _warm(tools, tiny_model_dir, tmp_path / "tw", "warm_start.drill_steps=0", "warm_start.steps=60")
+    text_model = _warm(text, build_tiny_text_model(tmp_path / "text"), tmp_path / "xw", "warm_start.steps=40")
+    for name, config, model_dir in (("tools", tools, tools_model), ("text", text, text_model)):
+        sets = [f"model.path={model_dir}", *STEPS, "grpo.micro_batch_size=8", "model.fsdp=true"]
+        if name == "tools":
+            sets.append("warm_start.drill_steps=0")
+        run = tmp_path / name
+        _launch(run, config, [*sets, f"output_dir={run / 'run'}"])
+        r0, r1 = (torch.load(run / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+        _check_shards(r0)
+        worst, _ = _one_process_gradient(config, sets, tmp_path / f"{name}-single", r0, r1)
+        assert worst < 1e-5, (name, worst)
+        records = _records(run / "run")
+        assert [r["step"] for r in records] == [1, 2, 3], name
+        if name == "tools":
+            assert max(r["turns"] for r in records) > 1.2  # episodes with tool results in them
