@@ -12,7 +12,15 @@ import sys
 import pytest
 
 from mmgrpo.errors import MmgrpoError
-from mmgrpo.tiny.perception import PROMPT, PerceptionSpec, draw_scene, pretrain_perception
+from mmgrpo.tiny.perception import (
+    PROMPT,
+    SHIPPED,
+    PerceptionSpec,
+    draw_scene,
+    file_sha256,
+    pretrain_perception,
+    shipped_fits,
+)
 
 
 @pytest.fixture
@@ -31,6 +39,30 @@ def test_pretraining_teaches_every_cell_and_writes_its_curve(blind_copy):
     assert before["object_acc"] < 0.2  # blind: it cannot name what is in a cell
     assert after["object_acc"] >= 0.95 and after["empty_acc"] >= 0.95
     assert summary["check"] == after and json.loads((blind_copy / "perception.json").read_text())["check"] == after
+    # the shipped weights are what this pretraining makes, bit for bit (and its curve is the shipped one)
+    shipped = json.loads((SHIPPED / "perception.json").read_text())
+    assert file_sha256(blind_copy / "model.safetensors") == shipped["sha256"] == file_sha256(SHIPPED / "model.safetensors")
+    assert (blind_copy / "perception.jsonl").read_text() == (SHIPPED / "perception.jsonl").read_text()
+
+
+def test_the_model_that_sees_takes_the_shipped_weights_and_other_settings_pretrain(tmp_path):
+    from dataclasses import asdict
+
+    from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model
+
+    out = build_tiny_model(tmp_path / "sees", sees=True)  # a second or two, not the pretraining's 20-30 s
+    done = json.loads((out / "perception.json").read_text())
+    assert done["shipped"] and file_sha256(out / "model.safetensors") == done["sha256"]
+    assert done["check"]["object_acc"] >= 0.95 and (out / "perception.jsonl").is_file()
+    assert shipped_fits(asdict(TinyModelSpec()))
+    assert not shipped_fits(asdict(TinyModelSpec(seed=1)))  # another seed: pretrained, not shipped
+    assert not shipped_fits(asdict(TinyModelSpec()), PerceptionSpec(steps=61))
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmgrpo", "tiny-model", str(tmp_path / "m"), "--pretrain"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "--pretrain runs the perception pretraining of --sees" in proc.stderr
 
 
 def test_the_scenes_never_ask_a_counting_question():

@@ -120,7 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--sees",
         action="store_true",
-        help="then pretrain its perception (each cell's colour and shape, about 30 s; no RL task's questions)",
+        help="a model that sees: the shipped result of its perception pretraining (each cell's colour and "
+        "shape; no RL task's questions), or the pretraining itself for other seeds",
+    )
+    sp.add_argument(
+        "--pretrain",
+        action="store_true",
+        help="with --sees: run the perception pretraining here (20-30 s) instead of taking the shipped "
+        "weights, which it reproduces bit for bit",
     )
     sp.set_defaults(fn=cmd_tiny_model)
 

@@ -21,6 +21,8 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model, count_parameters
 
     out_dir = Path(args.out_dir)
+    if args.pretrain and not args.sees:
+        raise MmgrpoError("--pretrain runs the perception pretraining of --sees: give both, or neither")
     if args.sees and args.text_only:
         raise MmgrpoError(
             "--sees pretrains a vision model's perception; --text-only builds one without vision"
@@ -33,7 +35,8 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
             out = build_tiny_text_model(out_dir, seed=args.seed)
         else:
-            out = build_tiny_model(out_dir, TinyModelSpec(seed=args.seed), sees=args.sees)
+            spec = TinyModelSpec(seed=args.seed)
+            out = build_tiny_model(out_dir, spec, sees=args.sees, pretrain=args.pretrain)
     except OSError as exc:  # nothing is left half-written: the model was built in OUT_DIR.partial
         raise write_error("the tiny model", out_dir, exc) from exc
     if args.text_only:
@@ -66,8 +69,13 @@ def perception_summary(model_dir: Path) -> str:
         keys=PERCEPTION_KEYS,
         header=f"perception pretraining of the tiny VLM  ·  held-out cells every {spec['log_every']} steps",
     )
+    how = (
+        f"shipped weights of {spec['steps']} steps (run here with --pretrain: {done['seconds']:.0f} s)"
+        if done.get("shipped")
+        else f"{spec['steps']} steps in {done['seconds']:.0f} s"
+    )
     return (
-        f"{spec['steps']} steps in {done['seconds']:.0f} s; held-out cells named right: {check['object_acc']:.2f} "
+        f"{how}; held-out cells named right: {check['object_acc']:.2f} "
         f"(colour {check['color_acc']:.2f}, shape {check['shape_acc']:.2f}), empty {check['empty_acc']:.2f}; "
         f"curve {picture}"
     )

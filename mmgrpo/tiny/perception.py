@@ -24,6 +24,12 @@ a target, so what GRPO adds on counting stays visible (the format warm start's "
 Usage: ``mmgrpo tiny-model OUT --sees`` (build, then this); ``pretrain_perception(model_dir)`` in code. The
 model folder gets ``perception.json`` (the settings and the held-out check) and ``perception.jsonl`` (the
 curve, one record per logged step, in the layout of a run's metrics so that mmgrpo's plots read it).
+
+Shipped weights: the default model's pretrained weights (3.8 MB) and their curve are in
+``mmgrpo/tiny/assets/sees`` (:data:`SHIPPED`), so that a demo from a fresh clone does not spend the
+pretraining's 20-30 s. ``mmgrpo tiny-model OUT --sees`` takes them (:func:`take_shipped`) when the settings
+are the defaults; ``--pretrain`` runs the pretraining instead, which reproduces them bit for bit on this
+machine (one thread; the slow tier checks the sha256). Other settings or seeds always pretrain.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ from mmgrpo.data.shapes import BOARD_WHITE, PALETTE, SHAPES, cell_box, draw_shap
 from mmgrpo.errors import MmgrpoError
 
 PROMPT = "Describe the image."
+SHIPPED = Path(__file__).resolve().parent / "assets" / "sees"
+"""The default tiny model's pretrained weights (``model.safetensors``) and curve (``perception.json``,
+``perception.jsonl``, whose "sha256" is the weights')."""
 NONE = "none"
 
 
@@ -250,4 +259,51 @@ def pretrain_perception(
     (model_dir / "perception.json").write_text(json.dumps(summary, indent=2) + "\n")
     with open(model_dir / "perception.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
+    return summary
+
+
+def file_sha256(path: str | Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shipped_fits(tiny_spec: dict[str, Any], spec: PerceptionSpec | None = None) -> bool:
+    """Whether :data:`SHIPPED` holds the pretrained weights of the tiny model of ``tiny_spec`` (a
+    TinyModelSpec as a dict) under perception settings ``spec``: the defaults of both, recorded there."""
+    try:
+        done = json.loads((SHIPPED / "perception.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return done.get("tiny_spec") == tiny_spec and done.get("spec") == asdict(spec or PerceptionSpec())
+
+
+def take_shipped(model_dir: str | Path) -> dict[str, Any]:
+    """Put :data:`SHIPPED`'s weights into the freshly built tiny model in ``model_dir`` and save it as
+    :func:`pretrain_perception` does (the same files, the same bytes); returns the shipped summary.
+    MmgrpoError when the weights written are not the recorded ones (a damaged checkout)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model_dir = Path(model_dir)
+    done = json.loads((SHIPPED / "perception.json").read_text())
+    shutil.copyfile(SHIPPED / "model.safetensors", model_dir / "model.safetensors")
+    # loaded and saved as pretrain_perception's last step does: its config.json, its weight file
+    AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).save_pretrained(model_dir)
+    digest = file_sha256(model_dir / "model.safetensors")
+    if digest != done["sha256"]:
+        raise MmgrpoError(
+            f"the shipped weights in {SHIPPED} do not give the recorded model (sha256 {digest[:12]}..., "
+            f"recorded {done['sha256'][:12]}...): restore that folder from git, or build with "
+            "`mmgrpo tiny-model OUT --sees --pretrain`"
+        )
+    summary = {**done, "shipped": True}
+    (model_dir / "perception.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (model_dir / "perception.jsonl").write_text((SHIPPED / "perception.jsonl").read_text())
     return summary

@@ -284,13 +284,18 @@ def build_config(tokenizer, spec: TinyModelSpec):
 
 
 def build_tiny_model(
-    out_dir: str | Path, spec: TinyModelSpec | None = None, sees: bool = False, perception=None
+    out_dir: str | Path,
+    spec: TinyModelSpec | None = None,
+    sees: bool = False,
+    perception=None,
+    pretrain: bool = False,
 ) -> Path:
     """Build and save the tiny model, tokenizer and processor to ``out_dir``; returns the path.
 
     ``sees``: then give it the perception pretraining of ``mmgrpo.tiny.perception`` (settings ``perception``,
-    a PerceptionSpec; about half a minute) before the folder is put in place; without it the model is
-    blind (a random vision encoder nothing has learnt to read), which most tests want.
+    a PerceptionSpec) before the folder is put in place: the shipped result of it for the default
+    settings (a second), else (or with ``pretrain``) the pretraining itself (20-30 s); without ``sees`` the
+    model is blind (a random vision encoder nothing has learnt to read), which most tests want.
     Deterministic: the same spec (seed included) gives byte-identical weights and tokenizer files.
     """
     import torch
@@ -313,9 +318,12 @@ def build_tiny_model(
         processor.save_pretrained(folder)
         (folder / "mmgrpo_tiny.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
         if sees:
-            from mmgrpo.tiny.perception import pretrain_perception
+            from mmgrpo.tiny.perception import pretrain_perception, shipped_fits, take_shipped
 
-            pretrain_perception(folder, perception)
+            if not pretrain and shipped_fits(asdict(spec), perception):
+                take_shipped(folder)
+            else:
+                pretrain_perception(folder, perception)
 
     return save_whole(out_dir, write)
 
