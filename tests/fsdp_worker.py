@@ -74,6 +74,8 @@ def main(out: Path, config: str, args: list[str]) -> None:
     if resume is not None:
         trainer.resume(resume)
     trainer.train()
+    if trainer.lockstep is not None:  # this process's forwards in rollouts: its own, and padding ones
+        seen["forwards"] = (trainer.lockstep.real, trainer.lockstep.padding)
     seen["final"] = fsdp.full_state_dict(model)  # the gathered weights the final folder should hold
     torch.save(seen, out / f"rank{trainer.rank}.pt")
 

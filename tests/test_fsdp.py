@@ -137,7 +137,8 @@ def test_fsdp_vision_run_shards_matches_one_process_resumes_exactly_and_reloads(
     process holds about half the bytes of parameters, gradients and AdamW state one process holds;
     held-out evaluation runs every step (on gathered weights); a run SIGKILLed right after step 2's
     checkpoint and resumed from it repeats step 3 exactly and ends with the same weights; the final
-    folder loads with from_pretrained and holds the gathered weights."""
+    folder loads with from_pretrained and holds the gathered weights. With model.fsdp_rollout=lockstep the
+    run is the same, every process running as many forwards in its rollouts."""
     config = ROOT / "examples" / "counting_tiny.yaml"
     sets = [f"model.path={warm_model_dir}", *STEPS, "grpo.micro_batch_size=4", "grpo.eval_every=1"]
     sets += ["grpo.eval_episodes=6", "grpo.save_every=1", "model.fsdp=true"]
@@ -155,6 +156,7 @@ def test_fsdp_vision_run_shards_matches_one_process_resumes_exactly_and_reloads(
         assert 0.49 < ratio < 0.52, (key, r0["held"][key], held_one[key])
     records = _records(run / "run")
     assert [r["step"] for r in records] == [1, 2, 3] and all("eval_accuracy" in r for r in records)
+    _check_lockstep(tmp_path / "lockstep", config, sets, records)
 
     crashed = tmp_path / "b"
     res = _launch(crashed, config, [*sets, f"output_dir={crashed / 'run'}", "--kill-after", "2"], ok=False)
@@ -177,6 +179,16 @@ def test_fsdp_vision_run_shards_matches_one_process_resumes_exactly_and_reloads(
     assert any(not torch.equal(loaded[k], start[k]) for k in start)  # trained
 
 
+def _check_lockstep(out: Path, config: Path, sets: list[str], gathered: list[dict]) -> None:
+    """The same run with model.fsdp_rollout=lockstep (rollouts and evaluations on the shards): the same
+    records as on gathered weights (same samples, same losses), every process running as many forwards in
+    its rollouts, those with fewer episode forwards padding with one-token ones."""
+    _launch(out, config, [*sets, "model.fsdp_rollout=lockstep", f"output_dir={out / 'run'}"])
+    assert _records(out / "run") == gathered
+    (real0, pad0), (real1, pad1) = (torch.load(out / f"rank{r}.pt", weights_only=False)["forwards"] for r in (0, 1))
+    assert real0 + pad0 == real1 + pad1 and pad0 + pad1 > 0  # equal totals; the processes differed
+
+
 def _warm(config: Path, model_dir: Path, out: Path, *sets: str) -> Path:
     """A few supervised warm-start steps (one process), so that GRPO's samples differ in reward."""
     from mmgrpo.train.trainer import Trainer
@@ -192,7 +204,8 @@ def _warm(config: Path, model_dir: Path, out: Path, *sets: str) -> Path:
 def test_fsdp_multi_turn_tools_and_text_lm_train_and_match_one_process(tiny_model_dir, tmp_path):
     """Multi-turn tool episodes on the tiny VLM and single-turn ones on the tiny text LM (Qwen2), each
     3 steps on 2 processes with model.fsdp: every parameter sharded in half; step 1's gradient equals
-    one process's on the same rows (1e-5); the tool episodes really took several turns."""
+    one process's on the same rows (1e-5); the tool episodes really took several turns, and in lockstep on
+    the shards they give the same run."""
     from mmgrpo.tiny.text import build_tiny_text_model
 
     tools = ROOT / "examples" / "tools_math_tiny.yaml"
@@ -213,3 +226,4 @@ def test_fsdp_multi_turn_tools_and_text_lm_train_and_match_one_process(tiny_mode
         assert [r["step"] for r in records] == [1, 2, 3], name
         if name == "tools":
             assert max(r["turns"] for r in records) > 1.2  # episodes with tool results in them
+            _check_lockstep(tmp_path / "tools-lockstep", config, sets, records)

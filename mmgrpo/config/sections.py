@@ -70,8 +70,13 @@ class ModelConfig(Section):
     """Shard the parameters, gradients and AdamW state over the processes of `accelerate launch` with
     PyTorch FSDP2 (fully_shard per decoder layer): each of W processes holds 1/W of them, so models that do
     not fit one device with DDP train. Works on CPU processes (gloo) and GPUs; accelerate's FSDP config
-    (examples/accelerate/fsdp.yaml) turns it on by itself. Sampling runs on gathered weights
-    (docs/distributed.md). Not with LoRA or the warm start (run `mmgrpo sft` first)."""
+    (examples/accelerate/fsdp.yaml) turns it on by itself. Not with LoRA or the warm start (run `mmgrpo sft`
+    first). docs/distributed.md has the memory arithmetic."""
+    fsdp_rollout: Literal["gathered", "lockstep"] = "gathered"
+    """How a sharded model (model.fsdp) samples episodes and evaluates. gathered: every layer gathered once
+    per rollout and kept whole while it runs (the whole model's weights on each device; decoding as fast
+    as on one process). lockstep: the weights stay sharded and every process runs as many forwards (one
+    layer gathered at a time, at every token; slower), for models whose weights do not fit one device."""
     offload_reference: bool = False
     """Keep the KL reference copy in CPU memory and move it to the device only for its pass (once per
     step): frees its weights' device memory between passes at the cost of two host-device copies per

@@ -46,6 +46,13 @@ def unwrap(model):
     return getattr(model, "module", model)
 
 
+def holds_shards(model) -> bool:
+    """True while some of ``model``'s parameters are FSDP shards (DTensors, not gathered): only the
+    model's own forward may then use them (it gathers each layer); code that reads weights directly
+    (the lean decode step, the image-feature cache) must not."""
+    return any(type(p).__name__ == "DTensor" for p in unwrap(model).parameters())
+
+
 class CausalLMAdapter:
     """A text-only causal LM (Qwen2, Llama, ...): 1-D positions, no images."""
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmgrpo.model.adapters import unwrap
+from mmgrpo.model.adapters import holds_shards, unwrap
 from mmgrpo.model.prefix import SharedPrefix, grouped_attention
 
 LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
@@ -118,8 +118,11 @@ _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def stepper(model, mrope: bool = False) -> LeanStep | None:
-    """The lean step for ``model``, made once per model (see ``make_stepper``)."""
+    """The lean step for ``model``, made once per model (see ``make_stepper``); None while it holds FSDP
+    shards (the step reads the layers' weights directly)."""
     key = unwrap(model)
+    if holds_shards(key):
+        return None
     if key not in _STEPS:
         _STEPS[key] = (make_stepper(model, mrope),)
     return _STEPS[key][0]

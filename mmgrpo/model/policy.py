@@ -32,7 +32,7 @@ from torch import Tensor
 from mmgrpo.errors import ConfigError, DataError
 from mmgrpo.grpo.losses import token_entropy, token_logprobs
 from mmgrpo.model import engine
-from mmgrpo.model.adapters import adapter_for, unwrap
+from mmgrpo.model.adapters import adapter_for, holds_shards, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
 from mmgrpo.model.io import (
@@ -235,6 +235,8 @@ class Policy:
         unchanged. Every later forward over these sequences (generation, the reference pass, the training
         passes) then takes the features instead of running the vision tower again."""
         if vision.empty or vision.has_encoded or not (force or self.vision_frozen):
+            return vision
+        if holds_shards(self.model):  # sharded weights outside a gathered rollout: the forward encodes
             return vision
         model = self.model
         was_training = model.training

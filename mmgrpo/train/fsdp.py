@@ -12,11 +12,14 @@ order. The trainer keeps that in two ways:
 - **training passes in lockstep**: every process runs the same number of micro-batches (a process with
   fewer adds zero-weight ones, as under DDP), each one forward through the whole model (the full path, not
   the shared prefill, whose number of forwards depends on the batch);
-- **sampling and evaluation on gathered weights** (:func:`gathered`): before a rollout every unit is
-  gathered once and kept whole until the rollout ends, so decoding runs no collective at all and each
-  process decodes its own episodes at its own pace (any number of tokens and turns, images or not).
-  The price is the whole model's parameters (not gradients or optimizer state) on every process during
-  the rollout: 2 bytes per parameter in bf16, 15 GB for a 7B VLM (docs/distributed.md has the arithmetic).
+- **sampling and evaluation on gathered weights** (:func:`gathered`, ``model.fsdp_rollout: gathered``):
+  before a rollout every unit is gathered once and kept whole until the rollout ends, so decoding runs no
+  collective at all and each process decodes its own episodes at its own pace (any number of tokens and
+  turns, images or not). The price is the whole model's parameters (not gradients or optimizer state) on
+  every process during the rollout: 2 bytes per parameter in bf16, 17 GB for a 7B VLM
+  (docs/distributed.md has the arithmetic);
+- **or in lockstep on the shards** (:class:`Lockstep`, ``model.fsdp_rollout: lockstep``): every process
+  runs as many forwards, one layer gathered at a time.
 
 The KL reference is a copy of the model made before sharding and sharded the same way
 (:func:`shard_copy`), so no process ever holds a whole copy after start-up. Checkpoints hold each process's
@@ -120,6 +123,64 @@ def gathered(model: nn.Module) -> Iterator[None]:
         for m in mods:
             if m is not model:  # the root keeps its parameters after forward (FSDP2's own default)
                 m.set_reshard_after_forward(True, recurse=False)
+
+
+class Lockstep:
+    """Rollouts on the shards, every process running as many forwards of the model (``model.fsdp_rollout:
+    lockstep``): the memory-lean alternative to :func:`gathered`.
+
+    Every forward of the model gathers each of its units in turn and drops the layers' again after, so a
+    process holds one layer at a time (and the root unit), and any two forwards of the model issue the
+    same collectives, whatever their inputs. So processes only have to run the same *number* of forwards:
+    inside :meth:`rollout` each forward is preceded by one agreement (an all-reduce of "I still have a
+    forward to run"), and a process whose episodes are all done keeps agreeing and running a one-token
+    forward until no process has a real one left. (As Hugging Face's ``generate(synced_gpus=True)``, for any
+    mix of turns, tokens and images.) The lean decode step and the image-feature cache read weights
+    directly, so they step aside while the model holds shards (``mmgrpo.model.adapters.holds_shards``):
+    decoding is slower per token, and every token gathers the whole model once.
+
+    ``real`` and ``padding`` count this process's forwards of each kind (over every rollout)."""
+
+    def __init__(self, model: nn.Module, pad_token_id: int, device) -> None:
+        self.model, self.pad_token_id, self.device = model, pad_token_id, device
+        self.real = self.padding = 0
+        self._draining = False
+
+    def _agree(self, mine: int) -> int:
+        """How many processes still have a forward to run (one all-reduce)."""
+        import torch.distributed as dist
+
+        flag = torch.tensor([mine], dtype=torch.long, device=self.device)
+        dist.all_reduce(flag)
+        return int(flag.item())
+
+    def _before_forward(self, module, args, kwargs):
+        if not self._draining:
+            self.real += 1
+            self._agree(1)
+
+    @contextlib.contextmanager
+    def rollout(self) -> Iterator[None]:
+        """Forwards inside the block are counted and agreed; on leaving, this process runs one-token
+        forwards until no process has a real one left. Every process enters, even with nothing to roll out."""
+        # before FSDP's own pre-forward hook, so that the agreement comes before the unit's gathering
+        handle = self.model.register_forward_pre_hook(self._before_forward, prepend=True, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+            self._drain()
+
+    @torch.no_grad()
+    def _drain(self) -> None:
+        ids = torch.tensor([[self.pad_token_id]], device=self.device)
+        self._draining = True
+        try:
+            while self._agree(0):
+                self.padding += 1
+                self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+        finally:
+            self._draining = False
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -36,7 +36,7 @@ from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import RolloutBatch, rollout
 from mmgrpo.train import dynamic, metrics, microbatch
 from mmgrpo.train import fsdp_setup
-from mmgrpo.train.fsdp import gathered
+from mmgrpo.train.fsdp import Lockstep, gathered
 from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, ... stay importable from here)
     build_env_factory,
     build_rewards,
@@ -101,8 +101,11 @@ class Trainer:
         self.rank, self.world, self.is_main = acc.process_index, acc.num_processes, acc.is_main_process
         check_engine(acc, g, self.world)
         self.sharded = fsdp_setup.wanted(cfg, acc)
+        self.lockstep = None  # with model.fsdp_rollout=lockstep: rollouts on the shards (mmgrpo.train.fsdp)
         if self.sharded:  # before the optimizer is built: sharding replaces the parameters
             fsdp_setup.shard_policy(cfg, acc, self.policy)
+            if cfg.model.fsdp_rollout == "lockstep":
+                self.lockstep = Lockstep(self.policy.model, self.policy.pad_token_id, acc.device)
         if g.tasks_per_step < self.world:
             raise ConfigError(
                 f"grpo.tasks_per_step={g.tasks_per_step} is fewer than the {self.world} processes: each process "
@@ -285,7 +288,7 @@ class Trainer:
         """Roll out ``seeds``, G episodes each; every process learns whether any failed entirely."""
         g = self.cfg.grpo
         try:
-            with gathered(self.policy.model):  # sharded weights: whole for the rollout (mmgrpo.train.fsdp)
+            with self.sampling_weights():
                 batch = rollout(
                     self.policy,
                     self.envs,
@@ -306,6 +309,14 @@ class Trainer:
         if errors:  # on every process, so that none waits for the others
             raise EnvError(f"step {self.step + 1}: {errors[0]}")
         return batch
+
+    def sampling_weights(self):
+        """The block rollouts and evaluations run in: with sharded weights (FSDP) the layers gathered for
+        the whole rollout, or with model.fsdp_rollout=lockstep every process running as many forwards on
+        the shards (mmgrpo.train.fsdp); otherwise nothing happens."""
+        if self.lockstep is not None:
+            return self.lockstep.rollout()
+        return gathered(self.policy.model)
 
     def agree_finite(self, problem: str | None) -> str | None:
         """The first process's non-finite finding, on every process (mmgrpo.train.fault_sync)."""
@@ -428,7 +439,7 @@ class Trainer:
         self._eval_cut_said = True  # said once
         seeds = shard(list(range(e.seed_offset, e.seed_offset + episodes)), self.rank, self.world)
         correct = 0
-        with gathered(self.policy.model):  # every process enters: gathering sharded weights is a collective
+        with self.sampling_weights():  # every process enters: with sharded weights it is a collective
             if seeds:
                 with outside_ddp(self.policy):
                     correct = self.evaluate(seeds=seeds).correct
