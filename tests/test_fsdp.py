@@ -32,7 +32,7 @@ def _accelerator(world: int, kind: str = "MULTI_CPU", **plugin):
 
 
 def _cfg(*sets: str):
-    return load_config(ROOT / "examples" / "counting_tiny.yaml", ["model.fsdp=true", *sets])
+    return load_config(ROOT / "examples" / "counting_tiny.yaml", ["model.fsdp=true", "warm_start.steps=0", *sets])
 
 
 def test_fsdp_setting_refuses_what_it_cannot_shard_before_a_model_loads():
@@ -45,6 +45,7 @@ def test_fsdp_setting_refuses_what_it_cannot_shard_before_a_model_loads():
         (_cfg("model.lora={r: 4}"), _accelerator(2), "LoRA adapters are small.*model.fsdp=false"),
         (_cfg("model.offload_reference=true"), _accelerator(2), "set model.offload_reference=false"),
         (_cfg("grpo.tasks_per_step=3"), _accelerator(2), "tasks_per_step=3 must be a multiple of the 2"),
+        (_cfg("warm_start.steps=100"), _accelerator(2), "warm_start.steps=100: .*run it first.*mmgrpo sft"),
         (
             load_config(ROOT / "examples" / "counting_tiny.yaml"),
             _accelerator(2, "FSDP", fsdp_version=1),

@@ -42,6 +42,12 @@ def wanted(cfg: Config, accelerator) -> bool:
             f"{where} with model.offload_reference: the reference is sharded like the policy; set "
             "model.offload_reference=false (accelerate's fsdp_offload_params moves shards to the CPU)"
         )
+    if cfg.warm_start.steps > 0:
+        raise ConfigError(
+            f"{where} with warm_start.steps={cfg.warm_start.steps}: the warm start trains whole weights on "
+            "each process; run it first (`mmgrpo sft`, or `mmgrpo train` without FSDP and grpo.steps=0), "
+            "then point model.path at its output and set warm_start.steps=0"
+        )
     if g.tasks_per_step % world:
         raise ConfigError(
             f"{where}: every process must run as many episodes (each forward is a collective), so "

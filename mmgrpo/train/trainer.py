@@ -91,6 +91,7 @@ class Trainer:
             project_dir=self.out,
         )
         set_seed(cfg.seed + self.accelerator.process_index)  # each process samples its own episodes
+        self.sharded = fsdp_setup.wanted(cfg, self.accelerator)  # FSDP2: checked before the model loads
         self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
         self.skill_check = None  # the warm start's skill check (mmgrpo.train.warm_check), once it ran
         self.warm_start_steps = 0  # the warm start's steps, fewer than warm_start.steps when it stopped early
@@ -100,7 +101,6 @@ class Trainer:
         acc = self.accelerator
         self.rank, self.world, self.is_main = acc.process_index, acc.num_processes, acc.is_main_process
         check_engine(acc, g, self.world)
-        self.sharded = fsdp_setup.wanted(cfg, acc)
         self.lockstep = None  # with model.fsdp_rollout=lockstep: rollouts on the shards (mmgrpo.train.fsdp)
         if self.sharded:  # before the optimizer is built: sharding replaces the parameters
             fsdp_setup.shard_policy(cfg, acc, self.policy)
