@@ -207,4 +207,3 @@ def _first_name_shown(call: str, name: str) -> tuple[str | Shown, ...]:
     """``call`` in pieces: the tool's name shown (not taught), the rest taught."""
     head, tail = call.split(f'"{name}"', 1)
     return (head + '"', Shown(name), '"' + tail)
-

@@ -174,4 +174,3 @@ class ToolMathEnv(ToolEnv):
     def reference_completion(info: dict[str, Any]) -> str:
         """A final answer that deserves full reward for the task described by ``info``."""
         return f"<answer>{info['answer']}</answer>"
-

@@ -38,7 +38,9 @@ def main(out: Path, config: str, args: list[str]) -> None:
     model = trainer.policy.model
     seen: dict = {
         "world": trainer.world,
-        "shards": {n: (tuple(fsdp.local_tensor(p).shape), tuple(p.shape)) for n, p in model.named_parameters()},
+        "shards": {
+            n: (tuple(fsdp.local_tensor(p).shape), tuple(p.shape)) for n, p in model.named_parameters()
+        },
         "reference_shards": {
             n: (tuple(fsdp.local_tensor(p).shape), tuple(p.shape))
             for n, p in (trainer.policy.reference.named_parameters() if trainer.policy.reference else [])

@@ -32,7 +32,9 @@ def _accelerator(world: int, kind: str = "MULTI_CPU", **plugin):
 
 
 def _cfg(*sets: str):
-    return load_config(ROOT / "examples" / "counting_tiny.yaml", ["model.fsdp=true", "warm_start.steps=0", *sets])
+    return load_config(
+        ROOT / "examples" / "counting_tiny.yaml", ["model.fsdp=true", "warm_start.steps=0", *sets]
+    )
 
 
 def test_fsdp_setting_refuses_what_it_cannot_shard_before_a_model_loads():
@@ -186,7 +188,9 @@ def _check_lockstep(out: Path, config: Path, sets: list[str], gathered: list[dic
     its rollouts, those with fewer episode forwards padding with one-token ones."""
     _launch(out, config, [*sets, "model.fsdp_rollout=lockstep", f"output_dir={out / 'run'}"])
     assert _records(out / "run") == gathered
-    (real0, pad0), (real1, pad1) = (torch.load(out / f"rank{r}.pt", weights_only=False)["forwards"] for r in (0, 1))
+    (real0, pad0), (real1, pad1) = (
+        torch.load(out / f"rank{r}.pt", weights_only=False)["forwards"] for r in (0, 1)
+    )
     assert real0 + pad0 == real1 + pad1 and pad0 + pad1 > 0  # equal totals; the processes differed
 
 
@@ -211,7 +215,9 @@ def test_fsdp_multi_turn_tools_and_text_lm_train_and_match_one_process(tiny_mode
 
     tools = ROOT / "examples" / "tools_math_tiny.yaml"
     text = ROOT / "examples" / "text_math_tiny.yaml"
-    tools_model = _warm(tools, tiny_model_dir, tmp_path / "tw", "warm_start.drill_steps=0", "warm_start.steps=60")
+    tools_model = _warm(
+        tools, tiny_model_dir, tmp_path / "tw", "warm_start.drill_steps=0", "warm_start.steps=60"
+    )
     text_model = _warm(text, build_tiny_text_model(tmp_path / "text"), tmp_path / "xw", "warm_start.steps=40")
     for name, config, model_dir in (("tools", tools, tools_model), ("text", text, text_model)):
         sets = [f"model.path={model_dir}", *STEPS, "grpo.micro_batch_size=8", "model.fsdp=true"]

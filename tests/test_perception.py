@@ -38,10 +38,17 @@ def test_pretraining_teaches_every_cell_and_writes_its_curve(blind_copy):
     assert before["step"] == 0 and after["step"] == PerceptionSpec().steps
     assert before["object_acc"] < 0.2  # blind: it cannot name what is in a cell
     assert after["object_acc"] >= 0.95 and after["empty_acc"] >= 0.95
-    assert summary["check"] == after and json.loads((blind_copy / "perception.json").read_text())["check"] == after
+    assert (
+        summary["check"] == after
+        and json.loads((blind_copy / "perception.json").read_text())["check"] == after
+    )
     # the shipped weights are what this pretraining makes, bit for bit (and its curve is the shipped one)
     shipped = json.loads((SHIPPED / "perception.json").read_text())
-    assert file_sha256(blind_copy / "model.safetensors") == shipped["sha256"] == file_sha256(SHIPPED / "model.safetensors")
+    assert (
+        file_sha256(blind_copy / "model.safetensors")
+        == shipped["sha256"]
+        == file_sha256(SHIPPED / "model.safetensors")
+    )
     assert (blind_copy / "perception.jsonl").read_text() == (SHIPPED / "perception.jsonl").read_text()
 
 

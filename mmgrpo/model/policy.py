@@ -83,9 +83,8 @@ class Policy:
         self.offload_reference = False
         """Keep the reference copy in CPU memory between its passes (see ``reference_on_device``)."""
         self.lockstep = False
-        """True when the weights are sharded over processes (FSDP): every forward is a collective, so a
-        scoring pass is one forward through the whole model whatever the batch (no shared prefill, whose
-        number of forwards depends on the episodes)."""
+        """Weights sharded over processes (FSDP): a scoring pass is one forward whatever the batch, as every
+        forward is a collective (no shared prefill, whose number of forwards depends on the episodes)."""
         disable_dropout(model)
         tok = self.tokenizer
         self.adapter = adapter_for(model)
@@ -234,9 +233,8 @@ class Policy:
         for all its images, no graph), when the encoder is frozen (or ``force``); otherwise ``vision``
         unchanged. Every later forward over these sequences (generation, the reference pass, the training
         passes) then takes the features instead of running the vision tower again."""
-        if vision.empty or vision.has_encoded or not (force or self.vision_frozen):
-            return vision
-        if holds_shards(self.model):  # sharded weights outside a gathered rollout: the forward encodes
+        no_cache = vision.empty or vision.has_encoded or not (force or self.vision_frozen)
+        if no_cache or holds_shards(self.model):  # FSDP shards, not gathered: the forward encodes
             return vision
         model = self.model
         was_training = model.training

@@ -34,9 +34,7 @@ from mmgrpo.grpo.kl_control import AdaptiveKLController, FixedKLController
 from mmgrpo.model.io import PRECISION, check_precision
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import RolloutBatch, rollout
-from mmgrpo.train import dynamic, metrics, microbatch
-from mmgrpo.train import fsdp_setup
-from mmgrpo.train.fsdp import Lockstep, gathered
+from mmgrpo.train import dynamic, fsdp_setup, metrics, microbatch
 from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, ... stay importable from here)
     build_env_factory,
     build_rewards,
@@ -54,6 +52,7 @@ from mmgrpo.train.diagnostics import Diagnostics
 from mmgrpo.train.distributed import gather_objects, outside_ddp, shard
 from mmgrpo.train.fault_sync import SKIPPED, account_faults, agree_finite
 from mmgrpo.train.faults import FaultTracker, check_finite
+from mmgrpo.train.fsdp import Lockstep, gathered
 from mmgrpo.train.resume import rebuild_lr, truncate_metrics
 from mmgrpo.train.saving import save_run
 
