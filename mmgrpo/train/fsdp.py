@@ -191,34 +191,33 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_sharded(path: Path, model: nn.Module, optimizer, reference: nn.Module | None) -> None:
-    """Every process writes its shards of the model, the optimizer state and the reference under
-    ``path / SHARDS_DIR`` (``torch.distributed.checkpoint``; a collective)."""
-    import torch.distributed.checkpoint as dcp
+def _sharded_state(model: nn.Module, optimizer, reference: nn.Module | None) -> dict:
+    """The ``{"model", "optimizer", "reference"}`` state that :func:`save_sharded` writes and
+    :func:`load_sharded` fills: each entry holds this process's shards (DTensors)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
     if reference is not None:
         state["reference"] = get_model_state_dict(reference)
-    dcp.save(state, checkpoint_id=str(Path(path) / SHARDS_DIR))
+    return state
+
+
+def save_sharded(path: Path, model: nn.Module, optimizer, reference: nn.Module | None) -> None:
+    """Every process writes its shards of the model, the optimizer state and the reference under
+    ``path / SHARDS_DIR`` (``torch.distributed.checkpoint``; a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_sharded_state(model, optimizer, reference), checkpoint_id=str(Path(path) / SHARDS_DIR))
 
 
 def load_sharded(path: Path, model: nn.Module, optimizer, reference: nn.Module | None) -> None:
     """Put the shards saved by :func:`save_sharded` back into ``model``, ``optimizer`` and ``reference``
     (a collective; the same number of processes as when saved)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optimizer": optim_sd}
-    if reference is not None:
-        state["reference"] = get_model_state_dict(reference)
+    state = _sharded_state(model, optimizer, reference)
     dcp.load(state, checkpoint_id=str(Path(path) / SHARDS_DIR))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if reference is not None:
