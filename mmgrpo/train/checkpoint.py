@@ -125,44 +125,40 @@ def damaged_file(path: Path) -> str | None:
 def checkpoint_files(
     path: Path, *, weights: str | None, reference: bool, rank: int, scaler: bool
 ) -> list[Path]:
-    """The files :func:`load_checkpoint` reads from ``path``: the policy's weights (``weights``:
-    "model", "adapter", "fsdp" for mmgrpo.train.fsdp's shards, or None when accelerate saves a sharded
-    model itself), accelerate's optimizer,
-    scheduler, loss scaler and this process's RNG states, and the KL reference copy."""
-    path = Path(path)
-    files = []
+    """The files :func:`load_checkpoint` reads from checkpoint ``path``, relative to it: the policy's
+    weights (``weights``: "model", "adapter", "fsdp" for mmgrpo.train.fsdp's shards, or None when
+    accelerate saves a sharded model itself), accelerate's optimizer, scheduler, loss scaler and this
+    process's RNG states, and the KL reference copy."""
+    rng = Path(f"random_states_{rank}.pkl")
     if weights == "fsdp":  # every process's shards (model, optimizer, reference) and the scheduler
         return [
-            path / fsdp.SHARDS_DIR / ".metadata",
-            path / "custom_checkpoint_0.pkl",
-            path / f"random_states_{rank}.pkl",
-            *([path / "scaler.pt"] if scaler else []),
+            Path(fsdp.SHARDS_DIR, ".metadata"),
+            Path("custom_checkpoint_0.pkl"),
+            rng,
+            *([Path("scaler.pt")] if scaler else []),
         ]
+    files = []
     if weights == "adapter":
-        files.append(path / "adapter_model.safetensors")
+        files.append(Path("adapter_model.safetensors"))
     elif weights == "model":
-        index = path / "model.safetensors.index.json"
+        index = Path(path) / "model.safetensors.index.json"
         try:  # a large model is saved in shards, listed by the index
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            files += [path / s for s in shards]
+            files += [Path(s) for s in shards]
         except (OSError, ValueError, KeyError, AttributeError):
-            files.append(path / "model.safetensors")
-    files += [path / "optimizer.bin", path / "scheduler.bin", path / f"random_states_{rank}.pkl"]
+            files.append(Path("model.safetensors"))
+    files += [Path("optimizer.bin"), Path("scheduler.bin"), rng]
     if scaler:
-        files.append(path / "scaler.pt")
+        files.append(Path("scaler.pt"))
     if reference:
-        files.append(path / REFERENCE_FILE)
+        files.append(Path(REFERENCE_FILE))
     return files
 
 
 def checkpoint_problems(path: Path, files: list[Path]) -> list[str]:
-    """What is wrong with the ``files`` (as named by :func:`checkpoint_files`) in checkpoint ``path``."""
-    return [p for p in (damaged_file(Path(path) / _inside(f)) for f in files) if p]
-
-
-def _inside(f: Path) -> Path:
-    """``f``'s path inside its checkpoint folder (a file of the shards folder keeps that folder)."""
-    return Path(f.parent.name, f.name) if f.parent.name == fsdp.SHARDS_DIR else Path(f.name)
+    """What is wrong with the ``files`` (relative, as named by :func:`checkpoint_files`) in checkpoint
+    ``path``."""
+    return [p for p in (damaged_file(Path(path) / f) for f in files) if p]
 
 
 def earlier_checkpoint(path: Path, files: list[Path] | None = None) -> str:
