@@ -59,6 +59,16 @@ def test_fsdp_setting_refuses_what_it_cannot_shard_before_a_model_loads():
             wanted(cfg, acc)
 
 
+def test_fsdp_setting_says_when_this_torch_has_no_fsdp2(monkeypatch):
+    from mmgrpo.train import fsdp
+    from mmgrpo.train.fsdp_setup import wanted
+
+    monkeypatch.setattr(fsdp, "available", lambda: False)
+    with pytest.raises(ConfigError, match="this torch has no FSDP2 .*install torch==2.14.1") as e:
+        wanted(_cfg("grpo.tasks_per_step=4"), _accelerator(2))
+    assert "processes" not in str(e.value)
+
+
 def test_units_are_the_decoder_layers_and_the_vision_tower_stays_in_the_root(tiny_policy):
     from mmgrpo.train import fsdp
 

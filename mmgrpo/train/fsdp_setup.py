@@ -27,7 +27,12 @@ def wanted(cfg: Config, accelerator) -> bool:
                 f"accelerate's FSDP config asks for fsdp_version {version}; mmgrpo drives FSDP2 only: set "
                 "fsdp_version: 2 in the accelerate config (examples/accelerate/fsdp.yaml)"
             )
-    if world < 2 or not fsdp.available():
+    if not fsdp.available():
+        raise ConfigError(
+            f"{where}: this torch has no FSDP2 (it needs torch.distributed and "
+            "torch.distributed.fsdp.fully_shard): install torch==2.14.1, or set model.fsdp=false"
+        )
+    if world < 2:
         raise ConfigError(
             f"{where}: FSDP shards the weights over processes, and this run has {world}: start it with "
             "`accelerate launch --num_processes N -m mmgrpo train ...` (N >= 2), or set model.fsdp=false"
