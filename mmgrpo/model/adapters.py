@@ -46,11 +46,16 @@ def unwrap(model):
     return getattr(model, "module", model)
 
 
+SHARDS_FLAG = "mmgrpo_holds_shards"
+"""The attribute mmgrpo.train.fsdp sets on a model it shards: True while the parameters are shards, False
+while they are gathered (so that asking is one attribute read, not a walk over the parameters)."""
+
+
 def holds_shards(model) -> bool:
-    """True while some of ``model``'s parameters are FSDP shards (DTensors, not gathered): only the
-    model's own forward may then use them (it gathers each layer); code that reads weights directly
-    (the lean decode step, the image-feature cache) must not."""
-    return any(type(p).__name__ == "DTensor" for p in unwrap(model).parameters())
+    """True while ``model``'s parameters are FSDP shards (DTensors, not gathered): only the model's own
+    forward may then use them (it gathers each layer); code that reads weights directly (the lean decode
+    step, the image-feature cache) must not."""
+    return bool(getattr(unwrap(model), SHARDS_FLAG, False))
 
 
 class CausalLMAdapter:

@@ -36,6 +36,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mmgrpo.model.adapters import SHARDS_FLAG
+from mmgrpo.train.distributed import global_sum
+
 SHARDS_DIR = "fsdp_shards"
 """The folder of a checkpoint that holds every process's shards (model, optimizer, reference)."""
 
@@ -87,6 +90,7 @@ def shard(
     for unit in units(model, is_vision):
         fully_shard(unit, **kw)
     fully_shard(model, **kw)
+    setattr(model, SHARDS_FLAG, True)
     return model
 
 
@@ -115,9 +119,11 @@ def gathered(model: nn.Module) -> Iterator[None]:
     model.set_reshard_after_forward(False)  # every unit, the root included
     for m in mods:
         m.unshard()
+    setattr(model, SHARDS_FLAG, False)
     try:
         yield
     finally:
+        setattr(model, SHARDS_FLAG, True)
         for m in mods:
             m.reshard()
         for m in mods:
@@ -141,18 +147,14 @@ class Lockstep:
 
     ``real`` and ``padding`` count this process's forwards of each kind (over every rollout)."""
 
-    def __init__(self, model: nn.Module, pad_token_id: int, device) -> None:
-        self.model, self.pad_token_id, self.device = model, pad_token_id, device
+    def __init__(self, model: nn.Module, pad_token_id: int, accelerator) -> None:
+        self.model, self.pad_token_id, self.accelerator = model, pad_token_id, accelerator
         self.real = self.padding = 0
         self._draining = False
 
     def _agree(self, mine: int) -> int:
         """How many processes still have a forward to run (one all-reduce)."""
-        import torch.distributed as dist
-
-        flag = torch.tensor([mine], dtype=torch.long, device=self.device)
-        dist.all_reduce(flag)
-        return int(flag.item())
+        return round(global_sum(self.accelerator, mine))
 
     def _before_forward(self, module, args, kwargs):
         if not self._draining:
@@ -173,7 +175,7 @@ class Lockstep:
 
     @torch.no_grad()
     def _drain(self) -> None:
-        ids = torch.tensor([[self.pad_token_id]], device=self.device)
+        ids = torch.tensor([[self.pad_token_id]], device=self.accelerator.device)
         self._draining = True
         try:
             while self._agree(0):

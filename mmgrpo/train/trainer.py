@@ -104,7 +104,7 @@ class Trainer:
         if self.sharded:  # before the optimizer is built: sharding replaces the parameters
             fsdp_setup.shard_policy(cfg, acc, self.policy)
             if cfg.model.fsdp_rollout == "lockstep":
-                self.lockstep = Lockstep(self.policy.model, self.policy.pad_token_id, acc.device)
+                self.lockstep = Lockstep(self.policy.model, self.policy.pad_token_id, acc)
         if g.tasks_per_step < self.world:
             raise ConfigError(
                 f"grpo.tasks_per_step={g.tasks_per_step} is fewer than the {self.world} processes: each process "
