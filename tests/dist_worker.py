@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import torch
+from worker_hooks import record_first_step
 
 from mmgrpo.config.core import load_config
-from mmgrpo.model.adapters import unwrap
 from mmgrpo.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,8 +19,7 @@ def main(out: Path, sets: list[str]) -> None:
     cfg = load_config(ROOT / "examples" / "counting_tiny.yaml", sets)
     trainer = Trainer(cfg, progress=False)
     seen: dict = {}
-    real_collect, real_update, real_step = trainer.collect, trainer.update, trainer.optimizer.step
-    real_score = trainer.rewards.score
+    real_collect, real_score = trainer.collect, trainer.rewards.score
 
     def score(episodes, **kwargs):
         scored = real_score(episodes, **kwargs)
@@ -34,21 +33,9 @@ def main(out: Path, sets: list[str]) -> None:
             seen["seeds"] = [t.seed for t in batch.trajectories]
         return batch, scored, stats
 
-    def update(tokens, adv, G):
-        if trainer.step == 0:
-            seen["tokens"], seen["adv"] = tokens, adv.clone()
-        return real_update(tokens, adv, G)
-
-    def step(*args, **kwargs):
-        if "grads" not in seen:  # step 1's gradient, after DDP's all-reduce (clipping is off: huge max norm)
-            model = unwrap(trainer.policy.model)
-            seen["grads"] = {
-                n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
-            }
-        return real_step(*args, **kwargs)
-
-    trainer.collect, trainer.update, trainer.optimizer.step = collect, update, step
-    trainer.rewards.score = score
+    trainer.collect, trainer.rewards.score = collect, score
+    # step 1's gradient after DDP's all-reduce (clipping is off: huge max norm)
+    record_first_step(trainer, seen)
     trainer.train()
     seen["world"] = trainer.world
     torch.save(seen, out / f"rank{trainer.rank}.pt")

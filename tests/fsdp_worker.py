@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import types
 from pathlib import Path
 
 import torch
+from worker_hooks import record_first_step
 
 from mmgrpo.config.core import load_config
 from mmgrpo.train import fsdp
@@ -46,23 +46,7 @@ def main(out: Path, config: str, args: list[str]) -> None:
             for n, p in (trainer.policy.reference.named_parameters() if trainer.policy.reference else [])
         },
     }
-    real_update, real_step, real_save = trainer.update, trainer.optimizer.step, trainer.save_checkpoint
-
-    def update(tokens, adv, G):
-        if trainer.step == 0:
-            seen["tokens"], seen["adv"] = tokens, adv.clone()
-        return real_update(tokens, adv, G)
-
-    def step(*a, **kw):
-        first = "grads" not in seen and trainer.step == 0
-        if first:  # step 1's gradient after FSDP's reduce-scatter, gathered whole (a collective)
-            seen["grads"] = {
-                n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None
-            }
-        result = real_step(*a, **kw)
-        if first:
-            seen["held"] = fsdp.held_bytes(model, trainer.optimizer)
-        return result
+    real_save = trainer.save_checkpoint
 
     def save_checkpoint():
         path = real_save()
@@ -70,9 +54,14 @@ def main(out: Path, config: str, args: list[str]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return path
 
-    trainer.update, trainer.save_checkpoint = update, save_checkpoint
-    # a bound method: the learning-rate schedule rebuilt on resume wraps the optimizer's step
-    trainer.optimizer.step = types.MethodType(lambda _, *a, **kw: step(*a, **kw), trainer.optimizer)
+    trainer.save_checkpoint = save_checkpoint
+    # step 1's gradient after FSDP's reduce-scatter, gathered whole (a collective)
+    record_first_step(
+        trainer,
+        seen,
+        grad=lambda g: g.full_tensor().clone(),
+        after_step=lambda: seen.update(held=fsdp.held_bytes(model, trainer.optimizer)),
+    )
     if resume is not None:
         trainer.resume(resume)
     trainer.train()
