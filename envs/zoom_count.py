@@ -107,7 +107,8 @@ class ZoomCountEnv(ToolEnv):
         timeout_s, max_result_chars, max_calls_per_turn: the tool runner's limits.
 
     ``reset`` info: ``answer`` (str), ``count`` (int), ``cell`` (1..9), ``distractor_cells`` (list of int), plus
-    ``seed``, ``split`` and ``tools`` (the JSON schemas) added by ``ToolEnv.reset``.
+    ``seed``, ``split`` and ``tools`` (the JSON schemas) added by ``ToolEnv.reset``. Step infos add
+    ``metrics: {"right_cell": 0.0 | 1.0}`` (whether the episode has zoomed on the named cell so far).
     """
 
     def __init__(
@@ -271,6 +272,22 @@ class ZoomCountEnv(ToolEnv):
         crop, zoom = image_tools(image, out_size=self.zoom_size, grid=GRID)
         named = {"crop": crop, "zoom": zoom}
         return [named[name] for name in self.tool_names]
+
+    def reset(self, *, seed=None, options=None):
+        self._zoomed_right = False
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: str):
+        """``ToolEnv.step``, and in ``info["metrics"]`` (logged as ``env/right_cell``): 1.0 once the episode
+        has zoomed on the cell the question names, else 0.0, so which cell the policy looks at is visible
+        apart from whether it answers right."""
+        obs, reward, terminated, truncated, info = super().step(action)
+        cell = (self._info or {}).get("cell")
+        self._zoomed_right |= any(
+            c.name == "zoom" and c.arguments.get("cell") == cell for c in self.last_calls
+        )
+        info["metrics"] = {"right_cell": float(self._zoomed_right)}
+        return obs, reward, terminated, truncated, info
 
     def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str]:
         """A random count, after a ``zoom`` call on a random cell with probability ``call_prob``."""

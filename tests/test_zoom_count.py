@@ -212,6 +212,24 @@ def test_demonstrations_teach_the_call_syntax_only():
     assert all(len(ZoomCountEnv(call_prob=0.0).demonstration(info, rng)) == 1 for _ in range(20))
 
 
+def test_right_cell_metric_says_whether_the_named_cell_was_zoomed():
+    env = ZoomCountEnv(distractors=2)
+    _, info = env.reset(seed=3)
+    wrong = next(c for c in range(1, 10) if c != info["cell"])
+    *_, step_info = env.step(tool_call_text("zoom", {"cell": wrong}))
+    assert step_info["metrics"] == {"right_cell": 0.0}
+    *_, step_info = env.step(tool_call_text("zoom", {"cell": info["cell"]}))
+    assert step_info["metrics"] == {"right_cell": 1.0}
+    *_, step_info = env.step("<answer>2</answer>")  # it stays: the episode did look at the right cell
+    assert step_info["metrics"] == {"right_cell": 1.0}
+    env.reset(seed=4)
+    *_, step_info = env.step("<answer>2</answer>")  # answered without zooming
+    assert step_info["metrics"] == {"right_cell": 0.0}
+    env.reset(seed=4)
+    *_, step_info = env.step(tool_call_text("zoom", {"cell": str(env._info["cell"])}))  # "5" is not 5
+    assert step_info["metrics"] == {"right_cell": 0.0} and step_info["tool_failures"]
+
+
 @pytest.mark.parametrize(
     "kwargs, named",
     [
