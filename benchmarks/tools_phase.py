@@ -1,8 +1,8 @@
 """The tools demo's GRPO phase, timed on one or more checkouts of mmgrpo from the same warm-started model.
 
     python benchmarks/tools_phase.py                                   # this checkout, 60 steps, 2 rounds
-    git worktree add /tmp/mmgrpo-48bbbf8 48bbbf8
-    python benchmarks/tools_phase.py --checkout /tmp/mmgrpo-48bbbf8 --checkout .   # old against new
+    git worktree add OLD 48bbbf8                   # OLD: any empty folder, outside this checkout
+    python benchmarks/tools_phase.py --checkout OLD --checkout .                   # old against new
     python benchmarks/tools_phase.py --steps 5 --rounds 1                          # a smoke test
 
 What is timed: ``--steps`` calls of ``Trainer.train_step()`` on ``examples/tools_math_tiny.yaml`` (8 tasks x
@@ -69,11 +69,10 @@ def warm_start(checkout: Path, work: Path) -> Path:
     env = env_for(checkout)
     if not (tiny / "config.json").is_file():
         subprocess.run([*run, "tiny-model", str(tiny)], env=env, check=True, cwd=work)
-    sets = [f"model.path={tiny}", f"output_dir={work / 'warm'}", "grpo.steps=0", "--no-progress"]
-    cmd = [*run, "train", str(checkout / CONFIG), "--threads", "1", "--overwrite"]
-    for s in sets[:-1]:
-        cmd += ["--set", s]
-    subprocess.run([*cmd, sets[-1]], env=env, check=True, cwd=work)
+    sets = [f"model.path={tiny}", f"output_dir={work / 'warm'}", "grpo.steps=0"]
+    cmd = [*run, "train", str(checkout / CONFIG), "--threads", "1", "--overwrite", "--no-progress"]
+    cmd += [a for s in sets for a in ("--set", s)]
+    subprocess.run(cmd, env=env, check=True, cwd=work)
     return model
 
 

@@ -112,6 +112,13 @@ class ToolEnv(ChatEnv):
         """The tools of the episode posing ``task`` (default: the constructor's)."""
         return list(self.tools)
 
+    def call_flags(self, info: dict[str, Any], calls: list[ToolCall]) -> dict[str, bool]:
+        """What a subclass reports of an episode's calls: for this step's well-formed ``calls`` of the
+        task ``info``, each flag's value (every flag named at every step, calls or not). A flag stays 1.0
+        once it held at some step of the episode, and reaches the metrics as ``env/<name>`` (step infos'
+        ``metrics``). Default: none."""
+        return {}
+
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
@@ -119,6 +126,7 @@ class ToolEnv(ChatEnv):
         self.runner = ToolRunner(self.episode_tools(task), **self.runner_settings)
         self._task, self._done = task, False
         self.last_calls: list[ToolCall] = []
+        self._flags: dict[str, bool] = {}
         self._info = dict(info, tools=self.runner.schemas)
         return list(task.messages), dict(self._info)
 
@@ -135,6 +143,9 @@ class ToolEnv(ChatEnv):
             tool_failures=count_failures(results),
             tool_names=[r.name for r in results],
         )
+        if flags := self.call_flags(self._info or {}, self.last_calls):
+            self._flags = {k: self._flags.get(k, False) or v for k, v in flags.items()}
+            info["metrics"] = {k: float(v) for k, v in self._flags.items()}
         if not results:  # no <tool_call>: the final answer
             self._done = True
             return [], 0.0, True, False, info

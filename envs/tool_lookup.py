@@ -178,24 +178,15 @@ class ToolLookupEnv(ToolEnv):
             return [_first_name_shown(calc, "calculator"), answer]
         return [_first_name_shown(tool_call_text("lookup", {"item": item}), "lookup"), calc, answer]
 
-    def reset(self, *, seed=None, options=None):
-        self._looked_up = self._right_calc = False
-        return super().reset(seed=seed, options=options)
-
-    def step(self, action: str):
-        obs, reward, terminated, truncated, info = super().step(action)
-        task = self._info or {}
-        if calls := self.last_calls:
-            self._looked_up |= any(
-                c.name == "lookup" and c.arguments.get("item") == task["item"] for c in calls
-            )
-            asked = task["price"] * task["quantity"]
-            self._right_calc |= any(
+    def call_flags(self, info: dict[str, Any], calls: list) -> dict[str, bool]:
+        looked = "lookup_priced" if info.get("priced") else "lookup_unpriced"
+        asked = info["price"] * info["quantity"]
+        return {
+            looked: any(c.name == "lookup" and c.arguments.get("item") == info["item"] for c in calls),
+            "right_calc": any(
                 c.name == "calculator" and value_of(c.arguments.get("expression")) == asked for c in calls
-            )
-        looked = "lookup_priced" if task.get("priced") else "lookup_unpriced"
-        info["metrics"] = {looked: float(self._looked_up), "right_calc": float(self._right_calc)}
-        return obs, reward, terminated, truncated, info
+            ),
+        }
 
     @staticmethod
     def reference_completion(info: dict[str, Any]) -> str:

@@ -153,22 +153,13 @@ class ToolMathEnv(ToolEnv):
         head, tail = tool_call_text("calculator", {"expression": f"{a} {op} {b}"}).split(f" {op} ", 1)
         return [(head, Shown(f" {op}"), f" {tail}"), f"<answer>{OPS[op](a, b)}</answer>"]
 
-    def reset(self, *, seed=None, options=None):
-        self._right_call = False
-        return super().reset(seed=seed, options=options)
-
-    def step(self, action: str):
-        obs, reward, terminated, truncated, info = super().step(action)
-        task = self._info or {}
-        if self.last_calls:
-            asked = OPS[task["op"]](task["a"], task["b"])
-            self._right_call |= any(
-                call.name == "calculator" and value_of(call.arguments.get("expression")) == asked
-                for call in self.last_calls
-            )
+    def call_flags(self, info: dict[str, Any], calls: list) -> dict[str, bool]:
         # "did the episode call the calculator on the question's expression": what GRPO has to learn
-        info["metrics"] = {"right_call": float(self._right_call)}
-        return obs, reward, terminated, truncated, info
+        asked = OPS[info["op"]](info["a"], info["b"])
+        right = any(
+            c.name == "calculator" and value_of(c.arguments.get("expression")) == asked for c in calls
+        )
+        return {"right_call": right}
 
     @staticmethod
     def reference_completion(info: dict[str, Any]) -> str:

@@ -273,21 +273,12 @@ class ZoomCountEnv(ToolEnv):
         named = {"crop": crop, "zoom": zoom}
         return [named[name] for name in self.tool_names]
 
-    def reset(self, *, seed=None, options=None):
-        self._zoomed_right = False
-        return super().reset(seed=seed, options=options)
-
-    def step(self, action: str):
-        """``ToolEnv.step``, and in ``info["metrics"]`` (logged as ``env/right_cell``): 1.0 once the episode
-        has zoomed on the cell the question names, else 0.0, so which cell the policy looks at is visible
-        apart from whether it answers right."""
-        obs, reward, terminated, truncated, info = super().step(action)
-        cell = (self._info or {}).get("cell")
-        self._zoomed_right |= any(
-            c.name == "zoom" and c.arguments.get("cell") == cell for c in self.last_calls
-        )
-        info["metrics"] = {"right_cell": float(self._zoomed_right)}
-        return obs, reward, terminated, truncated, info
+    def call_flags(self, info: dict[str, Any], calls: list) -> dict[str, bool]:
+        """``right_cell`` (logged as ``env/right_cell``): the episode zoomed on the cell the question
+        names, so which cell the policy looks at is visible apart from whether it answers right."""
+        return {
+            "right_cell": any(c.name == "zoom" and c.arguments.get("cell") == info["cell"] for c in calls)
+        }
 
     def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str]:
         """A random count, after a ``zoom`` call on a random cell with probability ``call_prob``."""
