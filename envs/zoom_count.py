@@ -37,15 +37,12 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from mmgrpo.env import Task, image_part, message_images, system, text_part, user
+from mmgrpo.env import DemoTurn, Shown, Task, image_part, message_images, system, text_part, user
 from mmgrpo.envs.counting import BACKGROUNDS, PALETTE, scene_seed
 from mmgrpo.envs.tool_env import ToolEnv
 from mmgrpo.errors import ConfigError, did_you_mean
 from mmgrpo.toolbox.image import image_tools
-from mmgrpo.tools.runner import (
-    Tool,
-    tool_call_text,  # noqa: F401  (re-exported for tests and users)
-)
+from mmgrpo.tools.runner import Tool, tool_call_text
 
 GRID = 3
 """The image is ``GRID x GRID`` cells: the grid of ``image_tools``' ``zoom`` (its default)."""
@@ -286,6 +283,13 @@ class ZoomCountEnv(ToolEnv):
         if rng.random() < self.call_prob:
             return [tool_call_text("zoom", {"cell": rng.randint(1, GRID * GRID)}), answer]
         return [answer]
+
+    skill = "copy the question's cell number into the zoom call"
+
+    def skill_probe(self, info: dict[str, Any]) -> list[DemoTurn]:
+        """The warm start's drill and check (``warm_start.drill_steps``): the ``zoom`` call on the named cell,
+        taught, then the true count, shown and not taught (counting is GRPO's part)."""
+        return [tool_call_text("zoom", {"cell": info["cell"]}), Shown(f"<answer>{info['answer']}</answer>")]
 
     @staticmethod
     def reference_turns(info: dict[str, Any]) -> list[str]:

@@ -173,3 +173,93 @@ def test_demonstrations_share_their_common_prompt_prefix_with_equal_loss_and_gra
         losses.append(float(loss.detach()))
     assert abs(losses[0] - losses[1]) < 1e-5
     assert max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True)) < 1e-5
+
+
+def test_bare_prompt_keeps_the_question_text_alone():
+    from mmgrpo.env import image_part, system, text_part, user
+    from mmgrpo.envs.zoom_count import ZoomCountEnv
+    from mmgrpo.train.warmstart import bare_prompt
+
+    messages, info = ZoomCountEnv().reset(seed=3)
+    question = f"How many red dots are in cell {info['cell']}? Use zoom to look closer."
+    assert bare_prompt(messages) == [user(question)]
+    from PIL import Image
+
+    image = Image.new("RGB", (8, 8))
+    two = [system("s"), user("first"), user(text_part("a "), image_part(image), text_part("b"))]
+    assert bare_prompt(two) == [user("a b")]  # the last user message, its text parts joined
+    with pytest.raises(ValueError, match="no user message"):
+        bare_prompt([system("s")])
+
+
+def test_bare_drills_play_the_same_turns_on_the_question_alone(tiny_policy):
+    """A bare drill row is the full one with the prompt cut to the question: the same taught call (same
+    ids, same loss mask), the tool still run on the task's image (its result follows the call)."""
+    from mmgrpo.envs.zoom_count import ZoomCountEnv
+    from mmgrpo.train.warmstart import demonstration_batch
+
+    env = ZoomCountEnv()
+    seeds = [0, 1, 2]
+    full = demonstration_batch(tiny_policy, env, seeds, random.Random(0), play=env.skill_probe)
+    bare = demonstration_batch(tiny_policy, env, seeds, random.Random(0), play=env.skill_probe, bare=True)
+    tok = tiny_policy.tokenizer
+    for i, seed in enumerate(seeds):
+        _, info = env.reset(seed=seed)
+        full_prompt = tok.decode(full.prompt_ids[i][full.prompt_mask[i].bool()])
+        bare_prompt_text = tok.decode(bare.prompt_ids[i][bare.prompt_mask[i].bool()])
+        assert (
+            "<tools>" in full_prompt
+            and tiny_policy.tokenizer.decode([tiny_policy.image_token_id]) in full_prompt
+        )
+        assert "<tools>" not in bare_prompt_text and "system" not in bare_prompt_text
+        assert f"in cell {info['cell']}?" in bare_prompt_text
+        assert tiny_policy.image_token_id not in bare.prompt_ids[i].tolist()
+        n = int(full.loss_mask[i].sum())
+        taught = full.response_ids[i][full.loss_mask[i].bool()]
+        assert torch.equal(taught, bare.response_ids[i][bare.loss_mask[i].bool()]) and len(taught) == n
+        assert f'"cell": {info["cell"]}' in tok.decode(taught)
+    assert bare.has_response_images  # the zoomed cell came back after the call
+
+
+def test_bare_drills_come_first_and_the_check_ends_only_the_full_ones(tiny_model_dir, monkeypatch):
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.train import warmstart
+
+    policy = Policy.from_pretrained(tiny_model_dir)
+    made = []
+    real = warmstart.demonstration_batch
+
+    def spy(*args, bare=False, play=None, **kw):
+        made.append("bare" if bare else "drill" if play is not None else "demo")
+        return real(*args, bare=bare, play=play, **kw)
+
+    monkeypatch.setattr(warmstart, "demonstration_batch", spy)
+    logged, asked = [], []
+
+    def done(step: int) -> bool:
+        asked.append(step)
+        return step >= 4
+
+    warmstart.warm_start(
+        policy,
+        ToolMathEnv,
+        steps=2,
+        lr=1e-3,
+        batch_size=2,
+        template="",
+        low=1,
+        high=5,
+        seed=0,
+        source="env",
+        progress=False,
+        log=logged.append,
+        drill_steps=10,
+        drill_bare_steps=3,
+        check_every=1,
+        done=done,
+    )
+    assert made == ["bare"] * 3 + ["drill"] + ["demo"] * 2  # bare, then full until the check passes at 4
+    assert (
+        asked == [4]
+        and [r["phase"] for r in logged] == ["drills, bare prompts"] * 3 + ["drills"] + ["demonstrations"] * 2
+    )

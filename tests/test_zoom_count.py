@@ -15,7 +15,7 @@ from test_counting import components
 from test_multiturn import ScriptedPolicy
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
-from mmgrpo.env import check_env, message_images, message_text
+from mmgrpo.env import Shown, check_env, message_images, message_text
 from mmgrpo.envs.counting import PALETTE, scene_seed
 from mmgrpo.envs.zoom_count import ZoomCountEnv, tool_call_text
 from mmgrpo.errors import ConfigError
@@ -287,3 +287,13 @@ def test_tiny_model_renders_a_zoom_episode(tiny_policy):
         assert tiny_policy.image_token_id in t.response_ids
     logp = policy.logprobs(batch.tokens)  # (N, T)
     assert logp.shape == batch.tokens.loss_mask.shape and bool(logp.isfinite().all())
+
+
+def test_skill_probe_teaches_the_named_cell_and_shows_the_count():
+    env = ZoomCountEnv()
+    for seed in range(5):
+        _, info = env.reset(seed=seed)
+        call, answer = env.skill_probe(info)
+        assert call == tool_call_text("zoom", {"cell": info["cell"]})
+        assert isinstance(answer, Shown) and answer.text == f"<answer>{info['count']}</answer>"
+    assert "cell number" in ZoomCountEnv.skill

@@ -382,9 +382,13 @@ class WarmStartConfig(Section):
     drill_lr: float | None = None
     """Learning rate of the drills (default: ``lr``). Copying is found from a plateau, and a lower rate
     found it more reliably on the tiny model (3e-4: five task orders of five; 1e-3: one of two)."""
+    drill_bare_steps: int = 0
+    """With drill_steps: first this many drill steps on bare prompts (the question alone: no system prompt,
+    tool schemas or images), where a small model finds a copy far sooner; then the drills on full prompts,
+    which the check ends. 0 = full prompts only."""
     check_every: int = 0
-    """Also measure the skill every this many steps of the first warm-start phase (the drills, else the
-    only one) and end that phase once it reaches ``min_skill``; 0 = measure once, at the end."""
+    """Also measure the skill every this many steps of the drills on full prompts (else of the only
+    phase) and end them once it reaches ``min_skill``; 0 = measure once, at the end."""
 
     @property
     def enabled(self) -> bool:
@@ -400,6 +404,12 @@ class WarmStartConfig(Section):
         self._require(self.check_every >= 0, "check_every", "must be >= 0")
         self._require(self.drill_steps >= 0, "drill_steps", "must be >= 0")
         self._require(self.drill_lr is None or self.drill_lr > 0, "drill_lr", "must be > 0")
+        self._require(self.drill_bare_steps >= 0, "drill_bare_steps", "must be >= 0")
+        self._require(
+            self.drill_bare_steps == 0 or self.drill_steps > 0,
+            "drill_bare_steps",
+            "leads into the drills on full prompts: set drill_steps > 0 too",
+        )
         self._require(
             self.drill_steps == 0 or self.source == "env",
             "drill_steps",
