@@ -282,3 +282,12 @@ def test_model_path_required_only_when_a_model_is_loaded() -> None:
     with pytest.raises(ConfigError, match="mmgrpo tiny-model runs/tiny-model"):
         cfg.require_model()
     assert load_config(None, ["model.path=runs/tiny-model"]).require_model() == "runs/tiny-model"
+
+
+def test_bare_drills_need_the_full_drills_they_lead_into():
+    with pytest.raises(ConfigError, match=r"warm_start.drill_bare_steps.*set drill_steps > 0 too"):
+        load_config(None, ["warm_start.source=env", "warm_start.drill_bare_steps=100"])
+    cfg = load_config(
+        None, ["warm_start.source=env", "warm_start.drill_steps=50", "warm_start.drill_bare_steps=100"]
+    )
+    assert (cfg.warm_start.drill_bare_steps, cfg.warm_start.drill_steps) == (100, 50)
