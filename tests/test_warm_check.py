@@ -11,7 +11,7 @@ import torch
 
 from mmgrpo.env import Shown
 from mmgrpo.envs.tool_math import ToolMathEnv
-from mmgrpo.errors import WarmStartError
+from mmgrpo.errors import ConfigError, WarmStartError
 from mmgrpo.tools.runner import tool_call_text
 from mmgrpo.train.warm_check import SkillCheck, _probe_passes, require_skill, target_pattern
 
@@ -88,6 +88,7 @@ def test_require_skill_names_the_skill_the_rate_and_the_fix():
     assert "\n" not in msg
     assert "copy the calculator's result into the answer: 3/64" in msg and "(0.05)" in msg
     assert "warm_start.steps=5" in msg and "warm_start.min_skill=0.8" in msg
+    assert "warm_start.drill_bare_steps" in msg
     require_skill(check, 0.04, steps=5, lr=1e-3)  # enough: no error
     require_skill(None, 0.9, steps=5, lr=1e-3)  # nothing to check: no error
 
@@ -188,7 +189,7 @@ def test_bare_prompt_keeps_the_question_text_alone():
     image = Image.new("RGB", (8, 8))
     two = [system("s"), user("first"), user(text_part("a "), image_part(image), text_part("b"))]
     assert bare_prompt(two) == [user("a b")]  # the last user message, its text parts joined
-    with pytest.raises(ValueError, match="no user message"):
+    with pytest.raises(ConfigError, match="drill_bare_steps: this env's prompt has no user message"):
         bare_prompt([system("s")])
 
 

@@ -95,8 +95,9 @@ def require_skill(check: SkillCheck | None, min_rate: float, *, steps: int, lr: 
     raise WarmStartError(
         f"the warm start did not teach the skill GRPO needs: {check.line()}, below "
         f"warm_start.min_skill={min_rate:g}, so GRPO from it cannot earn a reward; train it longer or harder "
-        f"(warm_start.steps={steps}, warm_start.drill_steps, warm_start.lr={lr:g}) or lower "
-        "warm_start.min_skill (0: report only)"
+        f"(warm_start.steps={steps}, warm_start.drill_steps, warm_start.lr={lr:g}; a small model that never "
+        "finds a copy in the full prompt may find it first on the question alone: warm_start.drill_bare_steps) "
+        "or lower warm_start.min_skill (0: report only)"
     )
 
 

@@ -259,7 +259,10 @@ def bare_prompt(messages: list[Message]) -> list[Message]:
     (about 20 tokens) it was learnt by step 275, and on full prompts after that within 50 more steps."""
     last = next((m for m in reversed(messages) if m["role"] == "user"), None)
     if last is None:
-        raise ValueError("bare_prompt: the prompt has no user message to keep")
+        raise ConfigError(
+            "warm_start.drill_bare_steps: this env's prompt has no user message to keep as a bare prompt; "
+            "set warm_start.drill_bare_steps: 0"
+        )
     content = last["content"]
     text = content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
     return [user(text)]
