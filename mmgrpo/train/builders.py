@@ -157,17 +157,6 @@ def check_trackers(names: list[str]) -> None:
         )
 
 
-def make_scheduler(name: str, optimizer, *, warmup_steps: int, steps: int):
-    """The learning-rate schedule ``name`` (constant, linear, cosine) with ``warmup_steps`` of linear
-    warm-up from 0, over ``steps`` optimizer steps. (transformers' "constant" ignores a warm-up; a
-    constant schedule with one is its "constant_with_warmup".)"""
-    from transformers import get_scheduler
-
-    if name == "constant" and warmup_steps > 0:
-        name = "constant_with_warmup"
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=steps)
-
-
 def check_engine(accelerator, g, world: int) -> None:
     """Refuse, with the reason and what to use instead, the engines this trainer cannot drive correctly.
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from mmgrpo.config.core import Config
-from mmgrpo.train.builders import make_scheduler
+from mmgrpo.train.lr_schedule import make_scheduler
 
 
 def rebuild_lr(cfg: Config, optimizer, scheduler) -> None:

@@ -394,7 +394,8 @@ def run_sft(cfg: Config, policy: Policy | None = None, progress: bool = True) ->
     from tqdm.auto import tqdm
 
     from mmgrpo.model.io import PRECISION
-    from mmgrpo.train.builders import flat_config, load_policy, make_accelerator, make_scheduler
+    from mmgrpo.train.builders import flat_config, load_policy, make_accelerator
+    from mmgrpo.train.lr_schedule import make_scheduler
     from mmgrpo.train.saving import save_run
 
     t0 = time.perf_counter()

@@ -43,7 +43,6 @@ from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, 
     flat_config,
     load_policy,
     make_accelerator,
-    make_scheduler,
     prepare_output_dir,
     resolve_device,
 )
@@ -53,6 +52,7 @@ from mmgrpo.train.distributed import gather_objects, outside_ddp, shard
 from mmgrpo.train.fault_sync import SKIPPED, account_faults, agree_finite
 from mmgrpo.train.faults import FaultTracker, check_finite
 from mmgrpo.train.fsdp import Lockstep, gathered
+from mmgrpo.train.lr_schedule import make_scheduler
 from mmgrpo.train.resume import rebuild_lr, truncate_metrics
 from mmgrpo.train.saving import save_run
 
