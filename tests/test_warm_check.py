@@ -123,12 +123,11 @@ def test_a_too_short_warm_start_stops_before_grpo_with_one_line(tiny_model_dir, 
     assert not (out / "final").exists()  # no GRPO ran
 
 
-def test_warm_start_ends_at_the_first_check_that_passes(tiny_model_dir):
-    from mmgrpo.model.policy import Policy
-    from mmgrpo.registry import make_env
+def warm_start_until_step_4(policy, make_env, **settings) -> tuple[list[dict], list[int]]:
+    """``warm_start`` with small settings and a skill check that passes from step 4 on; returns the logged
+    records and the steps the check was asked at."""
     from mmgrpo.train.warmstart import warm_start
 
-    policy = Policy.from_pretrained(tiny_model_dir)
     logged, asked = [], []
 
     def done(step: int) -> bool:
@@ -137,18 +136,27 @@ def test_warm_start_ends_at_the_first_check_that_passes(tiny_model_dir):
 
     warm_start(
         policy,
-        lambda: make_env("counting"),
-        steps=10,
+        make_env,
         lr=1e-3,
         batch_size=2,
-        template="<answer>{random}</answer>",
         low=1,
         high=5,
         seed=0,
         progress=False,
         log=logged.append,
-        check_every=2,
         done=done,
+        **settings,
+    )
+    return logged, asked
+
+
+def test_warm_start_ends_at_the_first_check_that_passes(tiny_model_dir):
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.registry import make_env
+
+    policy = Policy.from_pretrained(tiny_model_dir)
+    logged, asked = warm_start_until_step_4(
+        policy, lambda: make_env("counting"), steps=10, template="<answer>{random}</answer>", check_every=2
     )
     assert asked == [2, 4] and [r["step"] for r in logged] == [1, 2, 3, 4]
 
@@ -235,29 +243,15 @@ def test_bare_drills_come_first_and_the_check_ends_only_the_full_ones(tiny_model
         return real(*args, bare=bare, play=play, **kw)
 
     monkeypatch.setattr(warmstart, "demonstration_batch", spy)
-    logged, asked = [], []
-
-    def done(step: int) -> bool:
-        asked.append(step)
-        return step >= 4
-
-    warmstart.warm_start(
+    logged, asked = warm_start_until_step_4(
         policy,
         ToolMathEnv,
         steps=2,
-        lr=1e-3,
-        batch_size=2,
         template="",
-        low=1,
-        high=5,
-        seed=0,
         source="env",
-        progress=False,
-        log=logged.append,
         drill_steps=10,
         drill_bare_steps=3,
         check_every=1,
-        done=done,
     )
     assert made == ["bare"] * 3 + ["drill"] + ["demo"] * 2  # bare, then full until the check passes at 4
     assert (

@@ -29,12 +29,13 @@ features differing by ~2% instead of ~80%), after which GRPO cannot learn to cou
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 
 import torch
 
-from mmgrpo.env import ChatEnv, DemoTurn, Message, assistant, turn_pieces, user
+from mmgrpo.env import ChatEnv, DemoTurn, Message, assistant, message_text, turn_pieces, user
 from mmgrpo.errors import ConfigError
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.model.policy import Policy
@@ -126,11 +127,8 @@ def warm_start(
         first = 10_000_000 + 1_000_003 * seed
         return [first + step * batch_size + i for i in range(batch_size)]
 
-    def drill(step: int) -> TokenBatch:
-        return demonstration_batch(policy, env, task_seeds(step), rng, play=probe)
-
-    def bare_drill(step: int) -> TokenBatch:
-        return demonstration_batch(policy, env, task_seeds(step), rng, play=probe, bare=True)
+    def drill(step: int, bare: bool = False) -> TokenBatch:
+        return demonstration_batch(policy, env, task_seeds(step), rng, play=probe, bare=bare)
 
     def demonstrations(step: int) -> TokenBatch:
         if source == "env":
@@ -142,6 +140,7 @@ def warm_start(
 
     phases = []  # (name, steps, batches, learning rate, whether the skill check may end it)
     if drill_steps > 0 and drill_bare_steps > 0:
+        bare_drill = functools.partial(drill, bare=True)
         phases.append(("drills, bare prompts", drill_bare_steps, bare_drill, drill_lr or lr, False))
     if drill_steps > 0:
         phases.append(("drills", drill_steps, drill, drill_lr or lr, True))
@@ -263,9 +262,7 @@ def bare_prompt(messages: list[Message]) -> list[Message]:
             "warm_start.drill_bare_steps: this env's prompt has no user message to keep as a bare prompt; "
             "set warm_start.drill_bare_steps: 0"
         )
-    content = last["content"]
-    text = content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
-    return [user(text)]
+    return [user(message_text(last))]
 
 
 def share_common_prefix(batch: TokenBatch, pad_token_id: int) -> TokenBatch:
