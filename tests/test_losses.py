@@ -331,3 +331,26 @@ def test_token_logprobs_gradient_flows():
     logits = torch.randn(2, 3, 5, requires_grad=True)  # (N, T, V)
     token_logprobs(logits, torch.zeros(2, 3, dtype=torch.long)).sum().backward()
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 1024), (0.7, 7)])
+def test_logprobs_with_entropy_in_one_pass_match_the_two_functions(temperature, chunk):
+    """The fused pass gives token_logprobs' values and gradient, and token_entropy's values (a -inf logit
+    included), the entropy without a graph."""
+    from mmgrpo.grpo.losses import token_entropy, token_logprobs_entropy
+
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(3, 5, 40, generator=g)).requires_grad_()  # (N, T, V)
+    with torch.no_grad():
+        logits[0, 0, :4] = float("-inf")
+    targets = torch.randint(4, 40, (3, 5), generator=g)  # (N, T)
+    logp, ent = token_logprobs_entropy(logits, targets, temperature, chunk)
+    want_logp = token_logprobs(logits, targets, temperature)
+    assert torch.equal(logp, want_logp)
+    assert torch.allclose(ent, token_entropy(logits.detach(), temperature), atol=1e-5)
+    assert ent.isfinite().all() and not ent.requires_grad and logp.requires_grad
+    (got,) = torch.autograd.grad((logp * torch.arange(15.0).view(3, 5)).sum(), logits)
+    (want,) = torch.autograd.grad((want_logp * torch.arange(15.0).view(3, 5)).sum(), logits)
+    assert torch.allclose(got, want, atol=1e-7)
+    empty_logp, empty_ent = token_logprobs_entropy(logits[:, :0], targets[:, :0], temperature)
+    assert empty_logp.shape == empty_ent.shape == (3, 0)

@@ -66,6 +66,13 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, ch
     softmax from the logits themselves. A bf16 model does not lose precision in the normaliser, and
     entries with logit -inf (probability 0) give no NaN.
     """
+    _check_logprob_args(logits, targets, temperature, chunk)
+    if logits.shape[0] * logits.shape[1] == 0:
+        return logits.new_zeros(targets.shape, dtype=torch.float32)  # (0, T) or (N, 0)
+    return _ChunkedTokenLogprob.apply(logits, targets.to(logits.device), float(temperature), chunk, False)[0]
+
+
+def _check_logprob_args(logits: Tensor, targets: Tensor, temperature: float, chunk: int) -> None:
     if temperature <= 0:
         raise ValueError(
             f"temperature must be > 0, got {temperature}; sampling at 0 gives no diversity anyway."
@@ -76,36 +83,56 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, ch
         )
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}.")
+
+
+def token_logprobs_entropy(
+    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk: int = 1024
+) -> tuple[Tensor, Tensor]:
+    """``token_logprobs`` (N, T), differentiable, and each position's entropy of softmax(logits /
+    temperature), (N, T), without a graph (a metric), in the same pass over the logits: the entropy reuses
+    each chunk's scaled logits and normaliser, where ``token_entropy`` takes a log-softmax of its own."""
+    _check_logprob_args(logits, targets, temperature, chunk)
     if logits.shape[0] * logits.shape[1] == 0:
-        return logits.new_zeros(targets.shape, dtype=torch.float32)  # (0, T) or (N, 0)
-    return _ChunkedTokenLogprob.apply(logits, targets.to(logits.device), float(temperature), chunk)
+        zeros = logits.new_zeros(targets.shape, dtype=torch.float32)  # (0, T) or (N, 0)
+        return zeros, zeros.clone()
+    return _ChunkedTokenLogprob.apply(logits, targets.to(logits.device), float(temperature), chunk, True)
 
 
 class _ChunkedTokenLogprob(torch.autograd.Function):
-    """logp = z[target] - logsumexp(z), z = logits / temperature, over chunks of positions.
+    """logp = z[target] - logsumexp(z), z = logits / temperature, over chunks of positions; with
+    ``with_entropy`` also H = -sum p log p per position, p = softmax(z) (no gradient), else an empty tensor.
 
     Saves the logits (already alive as the model's output, so no copy), the targets and the (N*T,)
     normalisers. Backward: d logp / d logits = (onehot(target) - softmax(z)) / temperature, per chunk.
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk: int) -> Tensor:
+    def forward(
+        ctx, logits: Tensor, targets: Tensor, temperature: float, chunk: int, with_entropy: bool
+    ) -> tuple[Tensor, Tensor]:
         N, T, V = logits.shape
         flat = logits.reshape(N * T, V)  # (M, V) a view
         tgt = targets.reshape(N * T, 1).long()  # (M, 1)
         dtype = torch.promote_types(logits.dtype, torch.float32)  # at least float32
         out = torch.empty(N * T, dtype=dtype, device=logits.device)  # (M,)
         lse = torch.empty(N * T, dtype=dtype, device=logits.device)  # (M,)
+        ent = torch.empty(N * T if with_entropy else 0, dtype=dtype, device=logits.device)  # (M,) or (0,)
+        low = torch.finfo(dtype).min
         for s in range(0, N * T, chunk):
             z = flat[s : s + chunk].to(dtype) / temperature  # (m, V)
             lse[s : s + chunk] = torch.logsumexp(z, dim=-1)  # (m,)
             out[s : s + chunk] = z.gather(-1, tgt[s : s + chunk]).squeeze(-1) - lse[s : s + chunk]  # (m,)
+            if with_entropy:  # p log p is 0 where p = 0: log p clamped to the dtype's min, p * min = -0
+                logq = z.sub_(lse[s : s + chunk, None])  # (m, V) log-probabilities, in place of z
+                ent[s : s + chunk] = -(logq.exp() * logq.clamp_min_(low)).sum(dim=-1)  # (m,)
         ctx.save_for_backward(logits, tgt, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
-        return out.view(N, T)
+        ent = ent.view(N, T) if with_entropy else ent  # (N, T) or (0,)
+        ctx.mark_non_differentiable(ent)
+        return out.view(N, T), ent
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx, grad_out: Tensor, _grad_ent: Tensor | None = None):
         logits, tgt, lse = ctx.saved_tensors
         N, T, V = logits.shape
         t, chunk = ctx.temperature, ctx.chunk
@@ -117,7 +144,7 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
             gi = torch.exp(z - lse[s : s + chunk, None]).mul_(-g[s : s + chunk])  # (m, V) -p * g
             gi.scatter_add_(-1, tgt[s : s + chunk], g[s : s + chunk])  # + g at the target
             grad[s : s + chunk] = gi.div_(t)
-        return grad.view(N, T, V), None, None, None
+        return grad.view(N, T, V), None, None, None, None
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:

@@ -4,7 +4,9 @@ Functions of (model, adapter, tensors); the family-specific parts (forward keywo
 ``mmgrpo.model.adapters``. Layout (see ``mmgrpo.model.batch``): prompt_ids (N, P) left-padded, response_ids (N, T)
 right-padded, so the log-prob of response token t is read from the logits at column P + t - 1.
 
-Two ways to get response logits, with the same numbers (tested):
+Two ways to get response logits, with the same numbers (tested), both as blocks (``LogitBlock``: some
+rows over a run of response columns, the model's output uncopied) that ``mmgrpo.model.token_stats`` reduces
+to per-token numbers:
 
 - full: one forward over prompt + response for every row;
 - shared: when rows come in runs of G sharing a prompt, encode each prompt (and its images) once, repeat
@@ -19,6 +21,7 @@ Generation uses the same prefill: B prompts encoded once, G samples decoded on t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 
@@ -413,8 +416,21 @@ def bring_back(state: DecodeState, rows: Tensor, parked: list[tuple[Tensor, dict
     assert R == state.cache.layers[0].keys.shape[-2] and L == state.mask.shape[1]
 
 
-def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:
-    """One forward over prompt + response: logits predicting each response token, (N, T, V)."""
+@dataclasses.dataclass(frozen=True)
+class LogitBlock:
+    """Logits of some rows of a batch over a run of response columns, as the model returned them (no copy):
+    ``logits[:, j]`` predicts response token ``start + j`` of each row in ``rows``, for j < ``width``; the
+    columns past ``width`` (at most one, left there so that no slice copies the logits) predict nothing."""
+
+    rows: Tensor  # (n,) long: the rows of the batch
+    logits: Tensor  # (n, c, V), c >= width
+    start: int
+    width: int
+
+
+def _logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:
+    """One forward over prompt + response, (N, T + 1, V): column t predicts response token t (the last
+    column predicts nothing)."""
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P + T)
     mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # (N, P + T)
     T = batch.response_ids.shape[1]
@@ -423,13 +439,24 @@ def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, dev
     pos = adapter.positions_given_to_prefill(mask, vision, model)
     if pos is not None:
         kw["position_ids"] = pos.to(device)
-    logits = model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
-    return logits[:, :-1, :]  # (N, T, V): logits at column P+t-1 predict response token t
+    return model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
 
 
-def response_logits_shared(
+def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:
+    """One forward over prompt + response: logits predicting each response token, (N, T, V)."""
+    return _logits_full(model, adapter, batch, device)[:, :-1, :]  # column P+t-1 predicts token t
+
+
+def response_blocks_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> list[LogitBlock]:
+    """``response_logits_full`` as one block, without the slice's copy."""
+    N, T = batch.response_ids.shape
+    logits = _logits_full(model, adapter, batch, device)  # (N, T + 1, V)
+    return [LogitBlock(torch.arange(N), logits, 0, T)]
+
+
+def response_blocks_shared(
     model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device, fixed: bool = False
-) -> Tensor:
+) -> list[LogitBlock]:
     """Encode each of the N/G distinct prompts once (their common opening once for all) and run the
     responses on its KV cache, images inside the responses (a tool's crop or zoom) included, their
     positions from ``adapter.block_positions``.
@@ -437,13 +464,15 @@ def response_logits_shared(
     The responses run in a few passes of rows of similar length (``length_chunks``), each trimmed to its
     longest row, so that one long multi-turn episode does not pad every row of the batch to its length;
     each pass takes its rows' prompt caches by index (differentiable: gradients flow back into the one
-    prompt encoding). Returns (N, T, V); positions past a row's response hold zeros (callers mask them).
+    prompt encoding). Each pass gives two blocks: the prompt's last logits (token 0) and the pass's own
+    (tokens 1..). Nothing is padded to the batch's longest response or gathered back into row order:
+    ``mmgrpo.model.token_stats`` reduces each block to per-token numbers first (on the tools recipe the
+    (64, T, V) copies, gathers and their backward were 0.15 s of a 1.1 s step).
 
     ``fixed``: exactly two forwards whatever the episodes (prompts encoded whole, one pass): DDP's
     reducer synchronises gradients correctly only when every process runs the same forwards.
     """
     N, P = batch.prompt_ids.shape
-    T = batch.response_ids.shape[1]
     heads = list(range(0, N, G))  # first row of each group
     owners = batch.row_prompts()
     pv = batch.vision.select([owners[h] for h in heads])
@@ -455,7 +484,7 @@ def response_logits_shared(
     group = torch.arange(N) // G  # (N,) each row's prompt (head)
     lengths = batch.response_mask.sum(dim=1)  # (N,)
     rv_all = batch.response_vision if batch.has_response_images else None
-    pieces, order = [], []
+    blocks = []
     for rows in [list(range(N))] if fixed else length_chunks(lengths.tolist()):
         idx = torch.as_tensor(rows, dtype=torch.long)
         t = max(int(lengths[idx].max()), 1)
@@ -468,17 +497,15 @@ def response_logits_shared(
         rest = model(
             **kw, position_ids=pos.to(device), **{cache_kwarg(model): rows_of_cache(cache, g)}, use_cache=True
         ).logits  # (n, t, V): column j predicts response token j + 1
-        logits = torch.cat([first[g].unsqueeze(1), rest[:, :-1, :]], dim=1)  # (n, t, V)
-        pieces.append(torch.nn.functional.pad(logits, (0, 0, 0, T - t)))  # (n, T, V)
-        order += rows
-    inverse = torch.empty(N, dtype=torch.long)
-    inverse[torch.as_tensor(order)] = torch.arange(N)
-    return torch.cat(pieces)[inverse.to(device)]  # (N, T, V) in row order
+        blocks.append(LogitBlock(idx, first[g].unsqueeze(1), 0, 1))  # (n, 1, V)
+        blocks.append(LogitBlock(idx, rest, 1, t - 1))
+    return blocks
 
 
-def _responses_on_repeated(model, adapter, batch, G, device) -> Tensor:
+def _responses_on_repeated(model, adapter, batch, G, device) -> list[LogitBlock]:
     """One pass over every row on the prompt cache repeated G times (caches that cannot select rows)."""
     N, P = batch.prompt_ids.shape
+    T = batch.response_ids.shape[1]
     heads = list(range(0, N, G))
     pv = batch.vision.select([batch.row_prompts()[h] for h in heads])
     first, cache, delta = prefill(model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G, device)
@@ -488,7 +515,8 @@ def _responses_on_repeated(model, adapter, batch, G, device) -> Tensor:
     kw = adapter.forward_kwargs(batch.response_ids, full_mask, rv, device, model_dtype(model))
     pos, _ = adapter.block_positions(model, batch.response_ids, batch.response_mask, rv, start)
     rest = model(**kw, position_ids=pos.to(device), **{cache_kwarg(model): cache}, use_cache=True).logits
-    return torch.cat([first.unsqueeze(1), rest[:, :-1, :]], dim=1)  # (N, T, V)
+    rows = torch.arange(N)
+    return [LogitBlock(rows, first.unsqueeze(1), 0, 1), LogitBlock(rows, rest, 1, T - 1)]  # (N, 1, V), (N, T, V)
 
 
 def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> list[list[int]]:

@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.grpo.losses import token_entropy, token_logprobs
 from mmgrpo.model import engine
 from mmgrpo.model.adapters import adapter_for, holds_shards, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
+from mmgrpo.model.token_stats import block_stats
 from mmgrpo.model.io import (
     PRECISION,
     LoraSpec,
@@ -558,16 +558,14 @@ class Policy:
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()), base_only, self.autocast():
             if G > 1:  # under DDP a training pass keeps a fixed number of forwards on every process
                 fixed = unwrap(model) is not model and torch.is_grad_enabled()
-                logits = engine.response_logits_shared(model, self.adapter, batch, G, self.device, fixed)
+                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, fixed)
             else:
-                logits = engine.response_logits_full(model, self.adapter, batch, self.device)  # (N, T, V)
-            logp = token_logprobs(logits, batch.response_ids.to(self.device), temperature)  # (N, T)
-            if not with_entropy:
-                return logp
-            if entropy_grad:
-                return logp, token_entropy(logits, temperature)  # (N, T), (N, T): entropy of each step
-            with torch.no_grad():
-                return logp, token_entropy(logits.detach(), temperature)  # reported only
+                blocks = engine.response_blocks_full(model, self.adapter, batch, self.device)
+            targets = batch.response_ids.to(self.device)  # (N, T)
+            logp, ent = block_stats(
+                blocks, targets, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+            )  # (N, T), (N, T) or None: the entropy of each step
+            return (logp, ent) if with_entropy else logp
 
     def _features_valid_for(self, reference: bool) -> bool:
         """Whether cached image features (computed by the policy's frozen encoder) are what this pass's
