@@ -34,7 +34,6 @@ from mmgrpo.model import engine
 from mmgrpo.model.adapters import adapter_for, holds_shards, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
-from mmgrpo.model.token_stats import block_stats
 from mmgrpo.model.io import (
     PRECISION,
     LoraSpec,
@@ -46,6 +45,7 @@ from mmgrpo.model.io import (
     save_model,
     stop_ids_of,
 )
+from mmgrpo.model.token_stats import block_stats
 from mmgrpo.model.tool_prompt import find_placement, with_tools_block
 
 _PROCESSOR_PLACEHOLDERS = (
