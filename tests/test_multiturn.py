@@ -301,3 +301,38 @@ def test_a_runaway_sandboxed_program_is_an_observation_and_the_step_goes_on(tiny
     out = grpo_loss(logp, None, None, torch.tensor([1.0, -1.0]), batch.tokens.loss_mask.float())
     out.loss.backward()
     assert torch.isfinite(out.loss)
+
+
+def test_zoom_rows_on_the_model_that_sees_equal_one_full_forward(tmp_path):
+    """The zoom agent's rows (a 336-px image in the prompt, the zoom call, the zoomed cell as a new image,
+    the answer) on the tiny model that sees (a trained encoder, so image features move the logits): the
+    training pass, with each group's prompt encoded once, gives the log-probs of one forward over the
+    processor's rendering of the whole conversation."""
+    import dataclasses
+    import random
+
+    from mmgrpo.env import assistant
+    from mmgrpo.registry import make_env
+    from mmgrpo.tiny.vlm import build_tiny_model
+    from mmgrpo.train.warmstart import demonstration_batch, encode_turn
+
+    policy = Policy.from_pretrained(str(build_tiny_model(tmp_path / "sees", sees=True)), device="cpu")
+    env = make_env("zoom_count", max_count=4, tools=["zoom"])
+    seeds = [10_000_000, 10_000_000, 10_000_001, 10_000_001]  # two groups of two rows
+    batch = demonstration_batch(policy, env, seeds, random.Random(0), play=env.skill_probe)
+    batch = dataclasses.replace(batch, prompt_index=[0, 0, 2, 2])
+    assert batch.shared_prompt_runs() == 2 and batch.has_response_images
+    with torch.no_grad():
+        logp = policy.logprobs(batch)  # (N, T)
+    for i, seed in enumerate(seeds):
+        messages, info = env.reset(seed=seed, options={"split": "train"})
+        call, answer = env.skill_probe(info)
+        call_text = encode_turn(policy, call)[0]
+        obs, *_ = env.step(call_text)
+        history = [*messages, assistant(call_text), *obs, assistant(encode_turn(policy, answer)[0])]
+        full_ids, full_logp = _full_forward_logprobs(policy, history, info["tools"])
+        prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+        T = int(batch.response_mask[i].sum())
+        assert full_ids[: len(prompt) + T] == prompt + batch.response_ids[i, :T].tolist()
+        expected = full_logp[len(prompt) - 1 : len(prompt) - 1 + T]  # (T,)
+        torch.testing.assert_close(logp[i, :T], expected, atol=1e-5, rtol=0)
