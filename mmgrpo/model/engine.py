@@ -296,6 +296,7 @@ def decode(
     lean_step = lean.stepper(model, mrope) if LEAN_DECODE else None  # None: the model's own forward
     if lean_step is None:
         state.unshare()
+    joined = lean_step.joined() if lean_step is not None else None  # this loop's joined projections
     N = logits.shape[0]
     device = logits.device
     rows = torch.arange(N, device=device)  # (n,) the original row of each row decoding
@@ -327,7 +328,7 @@ def decode(
             rows, logits, nxt, real, done = rows[live], logits[live], nxt[live], real[live], done[live]
         state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (n, L + 1)
         if lean_step is not None:
-            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix)  # (n, V)
+            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix, joined)  # (n, V)
         else:
             pos = state.next_pos[:, None]  # (n, 1)
             logits = model(

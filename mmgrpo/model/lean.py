@@ -19,6 +19,7 @@ text model and custom code decode through the model's own forward (``stepper`` r
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import torch
@@ -31,6 +32,29 @@ from mmgrpo.model.prefix import SharedPrefix, grouped_attention
 LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 ATTENTION_PARTS = ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"q_norm", "k_norm"})
 """The child modules of a layer and of its attention that this step reproduces (the second set optional)."""
+MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+FUSE_MAX_BYTES = 64 * 2**20
+"""A decode loop joins each layer's q, k, v projections into one product, and gate and up into one, when the
+joined copies take at most this many bytes in all. On a small model a decode step is per-operator overhead
+(with the plain projections called without their modules, the tiny model's step of 8 rows went from 2.0
+to 1.8 ms); on a large one it is arithmetic, and the copies would cost memory (a 3B model's would be 3-4
+GB), so it keeps the separate products."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """One layer's projections for one decode loop (the weights as they are when it starts; a loop never
+    changes them). ``qkv``: q, k, v stacked (Hq*D + 2*Hk*D, H), ``sizes`` their output widths; ``gate_up``:
+    gate and up stacked (2I, H); ``o``, ``down``: a plain projection's own weight and bias, taken as they
+    are (no copy); None where that part goes through its modules (LoRA-wrapped ones, other MLPs)."""
+
+    qkv: Tensor | None
+    qkv_bias: Tensor | None
+    sizes: tuple[int, int, int]
+    o: tuple[Tensor, Tensor | None] | None
+    gate_up: Tensor | None
+    silu: bool  # the MLP's activation is a plain SiLU
+    down: tuple[Tensor, Tensor | None] | None
 
 
 class LeanStep:
@@ -38,18 +62,57 @@ class LeanStep:
 
     def __init__(self, text_model, lm_head, mrope: bool) -> None:
         self.text, self.lm_head, self.mrope = text_model, lm_head, mrope
-        norms = [text_model.norm] + [n for x in text_model.layers for n in (x.input_layernorm, x.post_attention_layernorm)]
+        norms = [text_model.norm] + [
+            n for x in text_model.layers for n in (x.input_layernorm, x.post_attention_layernorm)
+        ]
         self.plain_norms = {id(n) for n in norms if _is_plain_rms_norm(n)}
+        self.gated_mlps = {id(x.mlp) for x in text_model.layers if _is_gated_mlp(x.mlp)}
 
-    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor, cache, prefix: SharedPrefix | None = None) -> Tensor:
+    @torch.no_grad()
+    def joined(self) -> list[Joined] | None:
+        """Each layer's projections for one decode loop (see ``Joined``), from the weights as they are now;
+        None when the stacked copies would exceed ``FUSE_MAX_BYTES`` (every projection then goes through
+        its module)."""
+        out, size = [], 0
+        for layer in self.text.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            parts = [attn.q_proj, attn.k_proj, attn.v_proj]
+            qkv = qkv_bias = gate_up = None
+            if all(_plain(m) for m in parts) and len({m.bias is None for m in parts}) == 1:
+                qkv = torch.cat([m.weight for m in parts])  # (Hq*D + 2*Hk*D, H)
+                qkv_bias = None if parts[0].bias is None else torch.cat([m.bias for m in parts])
+            gated = (
+                id(mlp) in self.gated_mlps and _plain(mlp.gate_proj) and _plain(mlp.up_proj)
+            )  # not wrapped since
+            if gated:
+                gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # (2I, H)
+            sizes = tuple(getattr(m, "out_features", 0) for m in parts)
+            silu = gated and type(mlp.act_fn) is torch.nn.SiLU
+            down = _own(mlp.down_proj) if gated else None
+            out.append(Joined(qkv, qkv_bias, sizes, _own(attn.o_proj), gate_up, silu, down))
+            size += sum(t.numel() * t.element_size() for t in (qkv, qkv_bias, gate_up) if t is not None)
+        return None if size > FUSE_MAX_BYTES else out
+
+    def __call__(
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        mask: Tensor,
+        cache,
+        prefix: SharedPrefix | None = None,
+        joined: list[Joined] | None = None,
+    ) -> Tensor:
         """ids (N,) the tokens fed, positions (N,) theirs, mask (N, L) of the sequence after they are
         added (1 = attend). Returns the next-token logits (N, V); the cache grows by one column per layer.
         With ``prefix`` the cache holds each row's own tokens only and the first ``prefix.length``
-        columns of ``mask`` are its group's prompt (see mmgrpo.model.prefix)."""
+        columns of ``mask`` are its group's prompt (see mmgrpo.model.prefix). ``joined``: this decode
+        loop's ``joined()`` (None: every projection through its module)."""
         tm = self.text
-        h = tm.embed_tokens(ids[:, None])  # (N, 1, H)
+        h = tm.embed_tokens(ids)  # (N, H)
         pos = positions[:, None]  # (N, 1)
-        cos, sin = tm.rotary_emb(h, pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos)  # (N, 1, D)
+        cos, sin = tm.rotary_emb(
+            h[:, None], pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos
+        )  # (N, 1, D)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, 1, D) broadcast over heads
         if prefix is None:
             attend = mask.bool()[:, None, None, :]  # (N, 1, 1, L)
@@ -60,11 +123,20 @@ class LeanStep:
             attend = attend[:, None, None, :]  # (N, 1, 1, R) additive
         norm = self.norm
         for i, layer in enumerate(tm.layers):
+            j = joined[i] if joined is not None else None
             x = norm(layer.input_layernorm, h)
-            h = h + self._attention(layer.self_attn, x, cos, sin, attend, cache.layers[i], prefix, i)
-            h = h + layer.mlp(norm(layer.post_attention_layernorm, h))
-        h = norm(tm.norm, h)  # (N, 1, H)
-        return self.lm_head(h[:, -1, :])  # (N, V)
+            h = h + self._attention(layer.self_attn, x, cos, sin, attend, cache.layers[i], prefix, i, j)
+            x = norm(layer.post_attention_layernorm, h)
+            if (
+                j is not None and j.gate_up is not None
+            ):  # down(act(gate x) * up x), gate and up in one product
+                mlp = layer.mlp
+                gate, up = F.linear(x, j.gate_up).chunk(2, dim=-1)  # (N, I) each
+                h = h + _linear(mlp.down_proj, j.down, (F.silu(gate) if j.silu else mlp.act_fn(gate)) * up)
+            else:
+                h = h + layer.mlp(x)
+        h = norm(tm.norm, h)  # (N, H)
+        return self.lm_head(h)  # (N, V)
 
     def norm(self, module, x: Tensor) -> Tensor:
         """``module(x)``, as one fused RMS norm when ``module`` was found to be a plain one."""
@@ -73,26 +145,60 @@ class LeanStep:
         return module(x)
 
     @staticmethod
-    def _attention(attn, x: Tensor, cos: Tensor, sin: Tensor, attend: Tensor, layer, prefix, i: int) -> Tensor:
-        """One layer's self-attention for one new token per row: x (N, 1, H) -> (N, 1, H)."""
+    def _attention(
+        attn,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        attend: Tensor,
+        layer,
+        prefix,
+        i: int,
+        joined: Joined | None,
+    ) -> Tensor:
+        """One layer's self-attention for one new token per row: x (N, H) -> (N, H)."""
         N = x.shape[0]
         D = attn.head_dim
-        q = attn.q_proj(x).view(N, 1, -1, D)  # (N, 1, Hq, D)
-        k = attn.k_proj(x).view(N, 1, -1, D)  # (N, 1, Hk, D)
+        joint = joined is not None and joined.qkv is not None
+        if joint:
+            qkv = F.linear(x, joined.qkv, joined.qkv_bias)  # (N, Hq*D + 2*Hk*D): q, k, v side by side
+            nq, nk, _ = joined.sizes
+            q, k, v = qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        Hq = q.shape[-1] // D
+        v = v.reshape(N, -1, 1, D)  # (N, Hk, 1, D)
         if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (N, Hq, 1, D), (N, Hk, 1, D)
-        v = attn.v_proj(x).view(N, 1, -1, D).transpose(1, 2)  # (N, Hk, 1, D)
-        Hq = q.shape[1]
-        q, k = _rotate(torch.cat([q, k], dim=1), cos, sin).split([Hq, k.shape[1]], dim=1)  # one rotation
+            qk = torch.cat([attn.q_norm(q.reshape(N, -1, 1, D)), attn.k_norm(k.reshape(N, -1, 1, D))], dim=1)
+        elif joint:
+            qk = qkv[:, : q.shape[-1] + k.shape[-1]].view(N, -1, 1, D)  # (N, Hq + Hk, 1, D): joined already
+        else:
+            qk = torch.cat([q.reshape(N, -1, 1, D), k.reshape(N, -1, 1, D)], dim=1)  # (N, Hq + Hk, 1, D)
+        q, k = _rotate(qk, cos, sin).split([Hq, qk.shape[1] - Hq], dim=1)  # one rotation of both
         keys, values = layer.update(k, v)  # (N, Hk, L, D) each, the new column included
-        Hq, Hk = q.shape[1], keys.shape[1]
+        Hk = keys.shape[1]
         q = q.reshape(N, Hk, Hq // Hk, D)  # (N, Hk, G, D): a group's query heads as G query rows
         if prefix is not None:
             out = grouped_attention(q, keys, values, attend, prefix, i, attn.scaling)  # (N, Hk, G, D)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=attn.scaling)
-        return attn.o_proj(out.reshape(N, 1, Hq * D))  # (N, 1, H)
+        return _linear(
+            attn.o_proj, joined.o if joined is not None else None, out.reshape(N, Hq * D)
+        )  # (N, H)
+
+
+def _plain(module) -> bool:
+    return type(module) is torch.nn.Linear
+
+
+def _own(module) -> tuple[Tensor, Tensor | None] | None:
+    """A plain linear's weight and bias (the parameters themselves), else None."""
+    return (module.weight, module.bias) if _plain(module) else None
+
+
+def _linear(module, own: tuple[Tensor, Tensor | None] | None, x: Tensor) -> Tensor:
+    """``module(x)``; with ``own`` (a plain linear's weight and bias) the product without the module call."""
+    return F.linear(x, *own) if own is not None else module(x)
 
 
 def _is_plain_rms_norm(module) -> bool:
@@ -105,6 +211,22 @@ def _is_plain_rms_norm(module) -> bool:
     with torch.no_grad():
         want = module(probe)
         got = F.rms_norm(probe, (weight.shape[0],), weight, eps)
+    return want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-5, atol=1e-6))
+
+
+def _is_gated_mlp(mlp) -> bool:
+    """Whether ``mlp`` computes ``down(act(gate(x)) * up(x))`` with plain bias-free linear gate and up
+    (checked on a probe, so that another MLP with the same children never passes for it)."""
+    if {n for n, _ in mlp.named_children()} != MLP_PARTS:
+        return False
+    gate, up = mlp.gate_proj, mlp.up_proj
+    if not all(type(m) is torch.nn.Linear and m.bias is None for m in (gate, up)):
+        return False
+    w = gate.weight
+    probe = torch.linspace(-2.0, 3.0, w.shape[1], device=w.device, dtype=w.dtype)[None]
+    with torch.no_grad():
+        want = mlp(probe)
+        got = mlp.down_proj(mlp.act_fn(gate(probe)) * up(probe))
     return want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-5, atol=1e-6))
 
 
@@ -139,19 +261,27 @@ def make_stepper(model, mrope: bool = False) -> LeanStep | None:
     text = getattr(inner, "language_model", inner)
     lm_head = getattr(m, "lm_head", None)
     layers = getattr(text, "layers", None)
-    if lm_head is None or not layers or not all(hasattr(text, a) for a in ("embed_tokens", "rotary_emb", "norm")):
+    if (
+        lm_head is None
+        or not layers
+        or not all(hasattr(text, a) for a in ("embed_tokens", "rotary_emb", "norm"))
+    ):
         return None
     if type(text.embed_tokens) is not torch.nn.Embedding:  # e.g. Gemma's scaled embedding
         return None
     if any(t != "full_attention" for t in (getattr(text_config, "layer_types", None) or [])):
         return None
-    if getattr(text_config, "use_sliding_window", False) or getattr(text_config, "attn_logit_softcapping", None):
+    if getattr(text_config, "use_sliding_window", False) or getattr(
+        text_config, "attn_logit_softcapping", None
+    ):
         return None
     for layer in layers:
         attn = getattr(layer, "self_attn", None)
         parts = {n for n, _ in layer.named_children()}
         own = {n for n, _ in attn.named_children()} if attn is not None else set()
-        if parts != LAYER_PARTS or not (own == ATTENTION_PARTS[0] or own == ATTENTION_PARTS[0] | ATTENTION_PARTS[1]):
+        if parts != LAYER_PARTS or not (
+            own == ATTENTION_PARTS[0] or own == ATTENTION_PARTS[0] | ATTENTION_PARTS[1]
+        ):
             return None
         if not (hasattr(attn, "head_dim") and hasattr(attn, "scaling")):
             return None

@@ -99,6 +99,7 @@ class SharedPrefix:
         neg = torch.finfo(self.keys[0].dtype).min
         bias = torch.zeros(mask.shape, dtype=self.keys[0].dtype, device=self.keys[0].device)
         bias = bias.masked_fill(mask == 0, neg)[:, None, None, :]  # (B', 1, 1, P)
+        self.group_bias = bias  # (B', 1, 1, P) in grid order
         self.row_bias = bias[local.to(bias.device)]  # (n, 1, 1, P)
 
     @property
@@ -154,6 +155,14 @@ def grouped_attention(
     q (n, Hk, g, D): the g query heads of each key/value head; keys, values (n, Hk, R, D) the rows' own
     tokens; rest_bias (n, 1, 1, R) additive (0 or the dtype's min). Returns (n, Hk, g, D).
     """
+    if (
+        MERGED
+        and _FLASH_CPU is not None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+    ):
+        if q.dtype == keys.dtype == values.dtype == prefix.keys[layer].dtype == prefix.values[layer].dtype:
+            return _merged_attention(q, keys, values, rest_bias, prefix, layer, scale)
     g = q.shape[2]
     grid = prefix.grid
     s_pre = torch.matmul(grid.to_grid(q), prefix.keys[layer].transpose(-1, -2))  # (B', Hk, S*g, P)
@@ -163,6 +172,37 @@ def grouped_attention(
     P = s_pre.shape[-1]
     out = grid.from_grid(torch.matmul(grid.to_grid(p[..., :P]), prefix.values[layer]), g)  # (n, Hk, g, D)
     return out + torch.matmul(p[..., P:], values)
+
+
+MERGED = True
+"""On the CPU, take ``grouped_attention`` as two flash-attention calls merged (``_merged_attention``); False:
+the products by hand everywhere (the tests compare both)."""
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""The CPU flash-attention kernel: it returns each query's log-sum-exp with its output, so that attention
+over two key sets (a group's prompt, a row's own tokens) can be taken in two calls and merged exactly."""
+
+
+def _merged_attention(
+    q: Tensor, keys: Tensor, values: Tensor, rest_bias: Tensor, prefix: SharedPrefix, layer: int, scale: float
+) -> Tensor:
+    """``grouped_attention`` on the CPU in two flash-attention calls, one over each group's prompt (all its
+    rows' queries at once) and one over each row's own tokens, merged by their log-sum-exps: softmax over
+    the union = each part's softmax weighted by exp(lse_part - lse_union). Fewer operators per layer than
+    scoring, concatenating and normalising by hand: a lean decode step of 64 rows on the tiny model (243-
+    token prompts) went from 5.2 to 4.8 ms. Same shapes and numbers (to float rounding) as by hand."""
+    g = q.shape[2]
+    grid = prefix.grid
+    pre_bias = prefix.group_bias.to(q.dtype)  # (B', 1, 1, P)
+    out_pre, lse_pre = _FLASH_CPU(
+        grid.to_grid(q), prefix.keys[layer], prefix.values[layer], attn_mask=pre_bias, scale=scale
+    )[:2]
+    out_pre = grid.from_grid(out_pre, g)  # (n, Hk, g, D)
+    lse_pre = grid.from_grid(lse_pre[..., None], g).float()  # (n, Hk, g, 1)
+    own_bias = rest_bias.to(q.dtype)  # (n, 1, 1, R)
+    out_own, lse_own = _FLASH_CPU(q, keys, values, attn_mask=own_bias, scale=scale)[:2]  # (n, Hk, g, D)
+    lse_own = lse_own[..., None].float()  # (n, Hk, g, 1)
+    lse = torch.logaddexp(lse_pre, lse_own)  # (n, Hk, g, 1)
+    return (out_pre * (lse_pre - lse).exp() + out_own * (lse_own - lse).exp()).to(q.dtype)
 
 
 def selects_rows(cache) -> bool:
