@@ -247,3 +247,32 @@ def test_a_group_draws_its_scene_once(monkeypatch):
     for env in envs:
         assert env.np_random.integers(0, 10**9) == draw  # as if reset(seed=7)
         assert env.step("<answer>3</answer>")[4] == fresh_info
+
+
+def test_length_chunks_finds_the_least_padded_cut():
+    """The passes ``engine.length_chunks`` cuts cost no more than any cut into at most 4 passes of the
+    sorted rows (brute force over every cut), hold every row once, and the docstring's example holds."""
+    import itertools
+    import random
+
+    from mmgrpo.model.engine import length_chunks
+
+    def cost(passes, lengths, overhead):
+        return sum(len(p) * max(max(lengths[i] for i in p), 1) + overhead for p in passes)
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 9)
+        lengths = [rng.choice([rng.randint(0, 12), rng.randint(30, 40), 7]) for _ in range(n)]
+        overhead = rng.choice([0, 5, 40])
+        order = sorted(range(n), key=lambda i: (lengths[i], i))
+        brute = min(
+            cost([order[a:b] for a, b in zip((0, *cut), (*cut, n), strict=True)], lengths, overhead)
+            for k in range(4)
+            for cut in itertools.combinations(range(1, n), k)
+        )
+        got = length_chunks(lengths, overhead=overhead)
+        assert sorted(i for p in got for i in p) == list(range(n)) and 1 <= len(got) <= 4
+        assert cost(got, lengths, overhead) == brute
+    assert [len(p) for p in length_chunks([50] * 20 + [150])] == [20, 1]
+    assert len(length_chunks([50] * 21)) == 1

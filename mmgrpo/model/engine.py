@@ -523,21 +523,30 @@ def _responses_on_repeated(model, adapter, batch, G, device) -> list[LogitBlock]
 def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> list[list[int]]:
     """Rows cut into at most ``most`` passes of similar length: sorted by length, cut where the padded
     area (rows x longest row, summed over passes) plus ``overhead`` tokens per pass is least (an exact
-    search over the cuts). e.g. 20 rows of 50 tokens and one of 150: two passes (20 x 50 + 150 + 2 x 512
+    search over the cuts, one (n + 1, n) table per pass count; between equal costs, the earliest cuts). e.g. 20 rows of 50 tokens and one of 150: two passes (20 x 50 + 150 + 2 x 512
     = 2174 padded tokens, against 21 x 150 + 512 = 3662); equal lengths: one pass."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     L = [max(lengths[i], 1) for i in order]
     n = len(L)
-    best = {(0, 0): (0, [])}  # (rows placed, passes) -> (cost, cut points)
+    lens = torch.tensor(L, dtype=torch.float64)  # (n,) sorted
+    i = torch.arange(n + 1, dtype=torch.float64)[:, None]  # (n + 1, 1) rows placed before a pass
+    j = torch.arange(1, n + 1, dtype=torch.float64)[None, :]  # (1, n) rows placed after it
+    pass_cost = torch.where(i < j, (j - i) * lens[None, :] + overhead, torch.inf)  # (n + 1, n): rows i..j-1
+    back: list[list[int]] = []  # back[k - 1][j - 1]: where the k-th pass starts when it ends at row j
+
+    def cuts(end: int, k: int) -> list[int]:
+        return [] if k == 0 else [*cuts(back[k - 1][end - 1], k - 1), end]
+
+    prev = torch.full((n + 1,), torch.inf, dtype=torch.float64)  # (n + 1,) least cost of j rows in k - 1 passes
+    prev[0] = 0
+    ends = []  # (cost, cuts) of all n rows in k passes
     for k in range(1, most + 1):
-        for j in range(1, n + 1):
-            options = [
-                (best[(i, k - 1)][0] + (j - i) * L[j - 1] + overhead, best[(i, k - 1)][1] + [j])
-                for i in range(j)
-                if (i, k - 1) in best
-            ]
-            if options:
-                best[(j, k)] = min(options)
-    cost, cuts = min(best[(n, k)] for k in range(1, most + 1) if (n, k) in best)
-    bounds = [0, *cuts]
+        total = prev[:, None] + pass_cost  # (n + 1, n)
+        low, arg = total.min(dim=0)  # (n,) least cost and the first start that gives it (ties: the earliest)
+        back.append(arg.tolist())
+        prev = torch.cat([prev.new_full((1,), torch.inf), low])
+        if torch.isfinite(low[-1]):
+            ends.append((int(low[-1]), cuts(n, k)))
+    cost, cuts_n = min(ends)
+    bounds = [0, *cuts_n]
     return [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
