@@ -190,6 +190,40 @@ def test_the_common_opening_of_a_batch_is_encoded_once_with_the_same_numbers(rag
     assert (g_shared - g_whole).norm() / g_whole.norm() < 1e-5
 
 
+def test_the_reference_encodes_the_shared_opening_once_while_its_weights_stay(ragged_stops, tiny_model_dir):
+    """The frozen KL reference encodes the batch's common opening once and takes it from memory at later
+    passes (same log-probs); a change to its weights (a copy into them) makes it encode the opening again."""
+    from mmgrpo.model import system_prefix
+    from mmgrpo.model.policy import Policy
+
+    envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(8)]
+    tok = _rollout(ragged_stops, envs, [2, 7], True).tokens
+    policy = Policy.from_pretrained(tiny_model_dir)
+    policy.make_reference()
+    calls = []
+    policy.reference.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+
+    def ref_pass():
+        calls.clear()
+        with torch.no_grad():
+            return policy.logprobs(tok, reference=True), len(calls)
+
+    first, n_first = ref_pass()
+    again, n_again = ref_pass()
+    assert policy.reference in system_prefix._OPENINGS
+    assert n_again == n_first - 1 and torch.equal(first, again)  # the opening's forward was skipped
+    with torch.no_grad():
+        next(policy.reference.parameters()).mul_(1.5)  # new weights, in place
+    changed, n_changed = ref_pass()
+    assert n_changed == n_first and not torch.allclose(changed, first)
+    system_prefix._OPENINGS.clear()
+    fresh, _ = ref_pass()
+    assert torch.equal(changed, fresh)
+    with torch.no_grad():
+        policy.logprobs(tok)  # the policy trains: its opening is never kept
+    assert policy.model not in system_prefix._OPENINGS
+
+
 def test_setting_finished_rows_aside_changes_no_episode(ragged_stops, monkeypatch):
     """A decode loop goes on with the rows still sampling once half have stopped; the episodes, and the
     kept cache the next turns continue, are the same as when every row runs to the end."""

@@ -14,6 +14,8 @@ and, for Qwen-VL, their 3-D positions belong to the block, laid out by ``adapter
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -39,6 +41,23 @@ def common_prefix(ids: Tensor, mask: Tensor, stop: set[int]) -> int:
     return n if bool(same.all()) else int((~same).nonzero()[0])
 
 
+_OPENINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per frozen model (the KL reference copy), the last opening it encoded: (key, cache). Its opening is the
+same at every step (same weights, same system prompt), so the reference pass encodes it once per run."""
+
+
+def _frozen_key(model, head: Tensor, device) -> tuple | None:
+    """What an opening's encoding depends on when ``model`` cannot change it: the ids, the device, the
+    autocast dtype and the weights' in-place version counters (a copy into them, such as loading other
+    weights, moves the sum). None when the model trains (a parameter requires grad) or a graph is kept."""
+    params = list(model.parameters())
+    if torch.is_grad_enabled() or any(p.requires_grad for p in params):
+        return None
+    kind = torch.device(device).type
+    cast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    return (tuple(head[0].tolist()), str(device), cast, sum(p._version for p in params), len(params))
+
+
 def encode_prompts(
     model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device, forward
 ) -> tuple[Tensor, object, Tensor, Tensor] | None:
@@ -57,12 +76,20 @@ def encode_prompts(
     B = ids.shape[0]
     first_real = int(mask[0].nonzero()[0])
     head = ids[:1, first_real : first_real + C]  # (1, C)
-    ones = torch.ones_like(head)
-    pos = torch.arange(C)[None]  # (1, C)
-    out = forward(head, ones, VisionInputs.none(1), pos.unsqueeze(0).expand(3, -1, -1) if adapter.uses_mrope(model) else pos, None)
-    cache = out["cache"] if "cache" in out else out.past_key_values
-    if not selects_rows(cache):
-        return None
+    key = _frozen_key(model, head, device)
+    kept = _OPENINGS.get(model)
+    if key is not None and kept is not None and kept[0] == key:
+        cache = kept[1]  # a frozen model's opening, encoded at an earlier step
+    else:
+        ones = torch.ones_like(head)
+        pos = torch.arange(C)[None]  # (1, C)
+        pos = pos.unsqueeze(0).expand(3, -1, -1) if adapter.uses_mrope(model) else pos
+        out = forward(head, ones, VisionInputs.none(1), pos, None)
+        cache = out["cache"] if "cache" in out else out.past_key_values
+        if not selects_rows(cache):
+            return None
+        if key is not None:
+            _OPENINGS[model] = (key, cache)
     cache = rows_of_cache(cache, torch.zeros(B, dtype=torch.long, device=device))  # (B, ...) by index
     rest = [r[m.bool()][C:] for r, m in zip(ids, mask, strict=True)]
     W = max(len(r) for r in rest)
