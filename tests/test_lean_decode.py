@@ -129,3 +129,57 @@ def test_joined_projections_are_left_out_when_large_or_wrapped(tmp_path, monkeyp
         j.qkv is None and j.gate_up is None for j in joined
     )  # wrapped: never stacked from base weights
     assert all(j.o is not None for j in joined)  # o_proj is not wrapped: its own weight, no module call
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3"])
+def test_a_turns_text_block_on_the_shared_prompt_equals_the_model_forward(tmp_path, family):
+    """``LeanStep.block`` (a later turn's new tokens, left-padded, on the cache whose prompts are held once
+    per group) gives the model's own forward over the materialised rows: the same next-token logits, and
+    a cache on which the next decode step gives the same logits too."""
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.tiny.families import build_tiny_family
+
+    policy = Policy.from_pretrained(build_tiny_family(family, tmp_path / "m"))
+    m, ad = policy.model.eval(), policy.adapter
+    step = lean.stepper(m, ad.uses_mrope(m))
+    gen = torch.Generator().manual_seed(3)
+    vocab = m.config.get_text_config().vocab_size
+    ids = torch.cat(
+        [
+            torch.randint(5, vocab - 5, (1, 20), generator=gen).repeat(2, 1),
+            torch.randint(5, vocab - 5, (2, 4), generator=gen),
+        ],
+        1,
+    )
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    cpu = torch.device("cpu")
+    states = []
+    with torch.no_grad():
+        for _ in range(2):
+            _, st = engine.start(m, ad, ids, mask, VisionInputs.none(2), 3, cpu)
+            for t in torch.randint(5, vocab - 5, (3, 6), generator=torch.Generator().manual_seed(4)):
+                st.mask = torch.cat([st.mask, torch.ones(6, 1, dtype=st.mask.dtype)], dim=1)
+                step(t, st.next_pos, st.mask, st.cache, st.prefix)
+                st.next_pos = st.next_pos + 1
+            st.mask[2, -2] = 0  # a column a row skipped (it had stopped)
+            states.append(st)
+        block = torch.randint(5, vocab - 5, (6, 5), generator=gen)
+        bmask = torch.ones_like(block)
+        bmask[0, :3] = bmask[4, :1] = 0  # left padding of shorter turns
+        pos, after = ad.block_positions(m, block, bmask, VisionInputs.none(6), states[0].next_pos)
+        full = torch.cat([states[0].mask, bmask], dim=1)
+        lean_st, hf_st = states
+        engine.reserve(lean_st.cache, 5)
+        got = step.block(block, pos, full, lean_st.cache, lean_st.prefix, step.joined())
+        cache = hf_st.prefix.materialize(hf_st.cache)
+        want = m(
+            input_ids=block, attention_mask=full, position_ids=pos, past_key_values=cache, use_cache=True
+        ).logits[:, -1]
+        hf_st.prefix.strip(cache, hf_st.cache)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        nxt = torch.randint(5, vocab - 5, (6,), generator=gen)
+        full = torch.cat([full, torch.ones(6, 1, dtype=full.dtype)], dim=1)
+        after_lean = step(nxt, after, full, lean_st.cache, lean_st.prefix)
+        after_hf = step(nxt, after, full, hf_st.cache, hf_st.prefix)
+        torch.testing.assert_close(after_lean, after_hf, atol=1e-5, rtol=1e-5)

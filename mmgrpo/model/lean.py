@@ -126,17 +126,82 @@ class LeanStep:
             j = joined[i] if joined is not None else None
             x = norm(layer.input_layernorm, h)
             h = h + self._attention(layer.self_attn, x, cos, sin, attend, cache.layers[i], prefix, i, j)
-            x = norm(layer.post_attention_layernorm, h)
-            if (
-                j is not None and j.gate_up is not None
-            ):  # down(act(gate x) * up x), gate and up in one product
-                mlp = layer.mlp
-                gate, up = F.linear(x, j.gate_up).chunk(2, dim=-1)  # (N, I) each
-                h = h + _linear(mlp.down_proj, j.down, (F.silu(gate) if j.silu else mlp.act_fn(gate)) * up)
-            else:
-                h = h + layer.mlp(x)
+            h = h + self._mlp(layer, norm(layer.post_attention_layernorm, h), j)
         h = norm(tm.norm, h)  # (N, H)
         return self.lm_head(h)  # (N, V)
+
+    def block(
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        mask: Tensor,
+        cache,
+        prefix: SharedPrefix,
+        joined: list[Joined] | None = None,
+    ) -> Tensor:
+        """W new tokens per row, left-padded, on a decode state whose prompts are held once per group
+        (``prefix``; text only: images in a block go through the model's forward). ids (N, W); positions
+        (N, W), or (3, N, W) with M-RoPE; mask (N, P + R + W) of the sequence after the block, its last W
+        columns the block's (0 on padding). Each token attends its group's prompt, the row's own tokens
+        and the block's tokens up to itself. Returns each row's next-token logits (N, V), read at the
+        block's last column; the cache grows by W columns per layer."""
+        tm = self.text
+        N, W = ids.shape
+        h = tm.embed_tokens(ids)  # (N, W, H)
+        cos, sin = tm.rotary_emb(h, positions)  # (N, W, D)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, W, D) broadcast over heads
+        own = mask[:, prefix.length :].bool()  # (N, R + W)
+        R = own.shape[1] - W
+        causal = torch.ones((W, W), dtype=torch.bool, device=own.device).tril()  # (W, W): t sees <= t
+        allowed = torch.cat([own[:, None, :R].expand(N, W, R), own[:, None, R:] & causal], dim=2)  # (N, W, R+W)
+        neg = torch.finfo(h.dtype).min
+        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, neg)
+        norm = self.norm
+        for i, layer in enumerate(tm.layers):
+            j = joined[i] if joined is not None else None
+            x = norm(layer.input_layernorm, h)  # (N, W, H)
+            h = h + self._block_attention(layer.self_attn, x, cos, sin, bias, cache.layers[i], prefix, i, j)
+            h = h + self._mlp(layer, norm(layer.post_attention_layernorm, h), j)
+        return self.lm_head(norm(tm.norm, h[:, -1]))  # (N, V)
+
+    @staticmethod
+    def _mlp(layer, x: Tensor, j: Joined | None) -> Tensor:
+        """The layer's MLP on x (..., H); with ``j``, gate and up in one product and no module calls."""
+        if j is not None and j.gate_up is not None:  # down(act(gate x) * up x)
+            mlp = layer.mlp
+            gate, up = F.linear(x, j.gate_up).chunk(2, dim=-1)  # (..., I) each
+            return _linear(mlp.down_proj, j.down, (F.silu(gate) if j.silu else mlp.act_fn(gate)) * up)
+        return layer.mlp(x)
+
+    @staticmethod
+    def _block_attention(
+        attn, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, layer, prefix, i: int, joined: Joined | None
+    ) -> Tensor:
+        """One layer's self-attention for W new tokens per row: x (N, W, H) -> (N, W, H); bias (N, W, R + W)
+        additive over the row's own tokens and the block."""
+        N, W, _ = x.shape
+        D = attn.head_dim
+        if joined is not None and joined.qkv is not None:
+            nq, nk, _ = joined.sizes
+            qkv = F.linear(x, joined.qkv, joined.qkv_bias)  # (N, W, Hq*D + 2*Hk*D)
+            q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q, k, v = q.reshape(N, W, -1, D), k.reshape(N, W, -1, D), v.reshape(N, W, -1, D)  # (N, W, heads, D)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        Hq = q.shape[2]
+        qk = torch.cat([q, k], dim=2).transpose(1, 2)  # (N, Hq + Hk, W, D)
+        q, k = _rotate(qk, cos, sin).split([Hq, qk.shape[1] - Hq], dim=1)  # (N, Hq, W, D), (N, Hk, W, D)
+        keys, values = layer.update(k, v.transpose(1, 2))  # (N, Hk, R + W, D) each, the block included
+        Hk = keys.shape[1]
+        g = Hq // Hk
+        q = q.reshape(N, Hk, g * W, D)  # (N, Hk, g*W, D): a group's query heads' tokens as query rows
+        C = bias.shape[-1]
+        rest = bias[:, None, None].expand(N, 1, g, W, C).reshape(N, 1, g * W, C)  # (N, 1, g*W, R + W)
+        out = grouped_attention(q, keys, values, rest, prefix, i, attn.scaling)  # (N, Hk, g*W, D)
+        out = out.reshape(N, Hq, W, D).transpose(1, 2).reshape(N, W, Hq * D)  # (N, W, Hq*D)
+        return _linear(attn.o_proj, joined.o if joined is not None else None, out)  # (N, W, H)
 
     def norm(self, module, x: Tensor) -> Tensor:
         """``module(x)``, as one fused RMS norm when ``module`` was found to be a plain one."""

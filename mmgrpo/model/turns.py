@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer
 
-from mmgrpo.model import engine
+from mmgrpo.model import engine, lean
 from mmgrpo.model.batch import VisionInputs
 
 
@@ -135,6 +135,12 @@ class TurnDecoder:
             bmask[k, W - len(x) :] = 1
         pos, after = p.adapter.block_positions(p.model, ids, bmask, vision, st.next_pos)  # (n, W) / (3, n, W)
         full = torch.cat([st.mask, bmask.to(st.mask)], dim=1)  # (n, L + W)
+        step = lean.stepper(p.model, p.adapter.uses_mrope(p.model)) if engine.LEAN_DECODE else None
+        if step is not None and st.prefix is not None and vision.empty:  # text: the lean step's block
+            engine.reserve(st.cache, W + room)
+            logits = step.block(ids.to(p.device), pos.to(p.device), full, st.cache, st.prefix, step.joined())
+            st.mask, st.next_pos = full, after.to(p.device)
+            return logits  # (n, V)
         kw = p.adapter.forward_kwargs(ids, full, vision, p.device, engine.model_dtype(p.model))
         kw["input_ids"] = ids.to(p.device)
         cache = st.cache if st.prefix is None else st.prefix.materialize(st.cache)  # the whole rows
