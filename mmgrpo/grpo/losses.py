@@ -119,11 +119,11 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
         ent = torch.empty(N * T if with_entropy else 0, dtype=dtype, device=logits.device)  # (M,) or (0,)
         low = torch.finfo(dtype).min
         for s in range(0, N * T, chunk):
-            z = flat[s : s + chunk].to(dtype) / temperature  # (m, V)
+            z = _scaled(flat[s : s + chunk], dtype, temperature)  # (m, V) a view of the logits when t = 1
             lse[s : s + chunk] = torch.logsumexp(z, dim=-1)  # (m,)
             out[s : s + chunk] = z.gather(-1, tgt[s : s + chunk]).squeeze(-1) - lse[s : s + chunk]  # (m,)
             if with_entropy:  # p log p is 0 where p = 0: log p clamped to the dtype's min, p * min = -0
-                logq = z.sub_(lse[s : s + chunk, None])  # (m, V) log-probabilities, in place of z
+                logq = z - lse[s : s + chunk, None]  # (m, V) log-probabilities (new: z may be the logits)
                 ent[s : s + chunk] = -(logq.exp() * logq.clamp_min_(low)).sum(dim=-1)  # (m,)
         ctx.save_for_backward(logits, tgt, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
@@ -140,11 +140,25 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
         g = grad_out.reshape(N * T, 1).to(lse.dtype)  # (M, 1)
         grad = torch.empty_like(flat)  # (M, V) in the logits' dtype
         for s in range(0, N * T, chunk):
-            z = flat[s : s + chunk].to(lse.dtype) / t  # (m, V)
-            gi = torch.exp(z - lse[s : s + chunk, None]).mul_(-g[s : s + chunk])  # (m, V) -p * g
-            gi.scatter_add_(-1, tgt[s : s + chunk], g[s : s + chunk])  # + g at the target
-            grad[s : s + chunk] = gi.div_(t)
+            z = _scaled(flat[s : s + chunk], lse.dtype, t)  # (m, V)
+            dst = grad[s : s + chunk]
+            gi = dst if dst.dtype == lse.dtype else torch.empty_like(z)  # (m, V) written in place
+            torch.sub(z, lse[s : s + chunk, None], out=gi).exp_().mul_(-g[s : s + chunk])  # -p * g
+            rows = torch.arange(gi.shape[0], device=gi.device)  # one target per row: a plain add there
+            at = tgt[s : s + chunk, 0]
+            gi[rows, at] += g[s : s + chunk, 0]  # + g at the target
+            if t != 1.0:
+                gi.div_(t)
+            if gi is not dst:
+                dst.copy_(gi)
         return grad.view(N, T, V), None, None, None, None
+
+
+def _scaled(logits: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
+    """logits / temperature in ``dtype``; at temperature 1 in that dtype already, the logits themselves
+    (no copy: callers never write into it)."""
+    z = logits.to(dtype)
+    return z if temperature == 1.0 else z / temperature
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
