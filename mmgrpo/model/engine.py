@@ -144,7 +144,8 @@ def sample_tokens(
         logits[:, suppress] = float("-inf")
     if temperature <= 0:
         return logits.argmax(dim=-1)  # (N,)
-    logits = logits / temperature
+    if temperature != 1.0:
+        logits = logits / temperature
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -308,19 +309,24 @@ def decode(
     t = sampling.temperature
     for k in range(max_new_tokens):
         # every row draws its number, set aside or not: the samples never depend on who was set aside
-        u = torch.rand(N, 1, device=device)[rows] if t > 0 else None  # (n, 1)
+        every = len(rows) == N  # no row set aside yet: the rows are 0..N-1 in order
+        u = None if t <= 0 else torch.rand(N, 1, device=device) if every else torch.rand(N, 1, device=device)[rows]
         nxt = sample_tokens(logits, t, sampling.top_p, sampling.top_k, adapter.suppress_ids, u)  # (n,)
-        nxt = torch.where(done, torch.full_like(nxt, sampling.pad_token_id), nxt)  # (n,)
-        steps.append(torch.full((N,), sampling.pad_token_id, dtype=nxt.dtype, device=device).index_copy(0, rows, nxt))
+        nxt = nxt.masked_fill(done, sampling.pad_token_id)  # (n,)
+        if every:
+            steps.append(nxt)  # (N,)
+        else:
+            steps.append(torch.full((N,), sampling.pad_token_id, dtype=nxt.dtype, device=device).index_copy(0, rows, nxt))
         if sampling.return_logprobs:
             scaled = logits.float() / (t if t > 0 else 1.0)  # (n, V)
             lp = torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)  # (n,)
             logps.append(torch.zeros(N, dtype=lp.dtype, device=device).index_copy(0, rows, lp))
         real = ~done  # (n,) this token belongs to its row's turn
         done |= torch.isin(nxt, stops)
-        if bool(done.all()) or len(steps) == max_new_tokens:
+        stopped = int(done.sum())
+        if stopped == len(rows) or len(steps) == max_new_tokens:
             break
-        if PARK and len(rows) >= 8 and int(done.sum()) * 2 >= len(rows):
+        if PARK and len(rows) >= 8 and stopped * 2 >= len(rows):
             live, out = (~done).nonzero().squeeze(1), done.nonzero().squeeze(1)  # (n',), (n - n',)
             parked.append((rows[out], set_aside(state, out)))
             keep_rows(state, live)
@@ -338,8 +344,9 @@ def decode(
                 **{cache_kwarg(model): state.cache},
                 use_cache=True,
             ).logits[:, -1, :]  # (n, V)
-        state.next_pos = state.next_pos + real.long()
-        fed.index_add_(0, rows, real.long())
+        step_real = real.long()  # (n,)
+        state.next_pos = state.next_pos + step_real
+        fed.index_add_(0, rows, step_real)
     if parked:
         bring_back(state, rows, parked, N)
     if not steps:
