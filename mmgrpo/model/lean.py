@@ -1,4 +1,5 @@
-"""A lean decode step: one new token per row through the decoder layers, called directly.
+"""A lean decode step: one new token per row through the decoder layers, called directly; and a later
+turn's block of new text tokens the same way (``LeanStep.block``).
 
 A Hugging Face forward for one token per row spends most of its time outside the arithmetic on a small
 model: output-capturing and deprecation wrappers, keyword plumbing through every layer, a new 4-D causal
@@ -6,8 +7,10 @@ mask built from the 2-D mask at every step, and (with the grouped-query setting 
 passes on the CPU) key/value heads expanded per query head. This step runs the same modules (embedding,
 rotary embedding, norms, projections, MLP, LM head: LoRA-wrapped ones too) and the same cache layers, with
 one boolean mask (N, 1, 1, L) read straight from the decode state and attention on the key/value heads
-(the G query heads of a group as G query rows: no copies). Same numbers as the model's forward (tested
-through the sampled = trained log-probs checks of every family).
+(the G query heads of a group as G query rows: no copies). For one decode loop the plain projections are
+taken without their modules, q/k/v and gate/up each as one product (``LeanStep.joined``). Same numbers as
+the model's forward (tested through the sampled = trained log-probs checks of every family, and in
+tests/test_lean_decode.py).
 
 Which models: it checks the layout, not the family name: every decoder layer made of exactly
 ``self_attn``, ``mlp``, ``input_layernorm`` and ``post_attention_layernorm``, the attention of exactly q/k/v/o
@@ -81,9 +84,8 @@ class LeanStep:
             if all(_plain(m) for m in parts) and len({m.bias is None for m in parts}) == 1:
                 qkv = torch.cat([m.weight for m in parts])  # (Hq*D + 2*Hk*D, H)
                 qkv_bias = None if parts[0].bias is None else torch.cat([m.bias for m in parts])
-            gated = (
-                id(mlp) in self.gated_mlps and _plain(mlp.gate_proj) and _plain(mlp.up_proj)
-            )  # not wrapped since
+            # a gated MLP whose gate and up have not been wrapped (LoRA) since the step was made
+            gated = id(mlp) in self.gated_mlps and _plain(mlp.gate_proj) and _plain(mlp.up_proj)
             if gated:
                 gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # (2I, H)
             sizes = tuple(getattr(m, "out_features", 0) for m in parts)
