@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import random
 from typing import Any
+from urllib.parse import urlsplit
 
 from mmgrpo.env import DemoTurn, Shown, Task, system, user
 from mmgrpo.envs.counting import scene_seed
@@ -51,6 +52,11 @@ from mmgrpo.tools.runner import tool_call_text
 DEFAULT_SYSTEM_PROMPT = "Use the tools you need, then answer with the number only, inside <answer></answer>."
 DEFAULT_QUESTION = "What do {quantity} of item {item} cost?"
 DEFAULT_PRICED_QUESTION = "What do {quantity} of item {item} cost at {price} each?"
+
+
+SERVICE_NAME = "price-service"
+"""How the lookup tool's answers name the price service (in errors: "HTTP 404 Not Found from
+price-service/prices/4974"), instead of its local address, whose port the OS picks at every run."""
 
 
 class ToolLookupEnv(ToolEnv):
@@ -107,6 +113,8 @@ class ToolLookupEnv(ToolEnv):
         self.catalogue = Catalogue(seed=catalogue_seed)
         self.service = shared_price_service(self.catalogue)
         fetch = make_tool("http_get", base_urls=[self.service.url], timeout_s=timeout_s, max_bytes=2000)
+        parts = urlsplit(self.service.url)
+        origin = f"{parts.scheme}://{parts.netloc}"  # http://127.0.0.1:<port>
 
         def lookup(item: int) -> str:
             """Look up an item's price in the shop's price list.
@@ -116,7 +124,9 @@ class ToolLookupEnv(ToolEnv):
             """
             if isinstance(item, bool) or not isinstance(item, int):
                 raise ValueError(f"item must be an item number like 417, got {item!r:.40}")
-            return fetch(str(item))
+            # the service's address (an ephemeral port) out of what the policy reads: an error such as a
+            # 404 would otherwise differ from run to run, and so would every episode after it
+            return fetch(str(item)).replace(origin, SERVICE_NAME)
 
         lookup.timeout_s = fetch.timeout_s  # type: ignore[attr-defined]  # the runner waits this long for it
         super().__init__(

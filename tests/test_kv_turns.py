@@ -145,6 +145,25 @@ def test_the_lean_decode_step_samples_what_the_model_forward_samples(ragged_stop
     assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]
 
 
+def test_text_blocks_through_the_lean_step_sample_what_the_model_forward_samples(ragged_stops, monkeypatch):
+    """With ``turns.LEAN_BLOCKS`` (and the merged attention) on, a later turn's text block runs through
+    ``LeanStep.block``: the episodes are those of encoding every turn again, token for token."""
+    from mmgrpo.model import lean, prefix
+
+    monkeypatch.setattr(turns, "LEAN_BLOCKS", True)
+    monkeypatch.setattr(prefix, "MERGED", True)
+    blocks = []
+    real = lean.LeanStep.block
+    monkeypatch.setattr(lean.LeanStep, "block", lambda self, *a, **k: blocks.append(1) or real(self, *a, **k))
+    runs = []
+    for kv in (True, False):
+        envs = [ZoomOnceEnv(with_image=False, turns_before_end=1 + i % 2) for i in range(8)]
+        runs.append(_rollout(ragged_stops, envs, [3, 8], kv))
+    assert blocks  # the kept cache took its turns' blocks through the lean step
+    assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]
+    assert max(t.turns for t in runs[0].trajectories) >= 2
+
+
 def test_the_lean_step_is_used_where_the_layout_is_known(tmp_path):
     """The lean step takes the Llama-style stacks of the tiny families and refuses the others (which then
     decode through the model's own forward); it is chosen by layout, never by family name."""

@@ -79,6 +79,9 @@ def test_lookup_reads_the_price_through_the_http_tool_and_a_bad_item_is_an_obser
         tool_call_text("lookup", {"item": 7})
     )  # no such item: the 404 is text
     assert not terminated and message_text(obs[0]).startswith("error: ") and "404" in message_text(obs[0])
+    # the error names the service, never its address: the port changes from run to run, and an episode
+    # that read it would too (the demo's GRPO phase diverged between two runs of the same seed)
+    assert "from price-service/prices/7" in message_text(obs[0]) and "127.0.0.1" not in message_text(obs[0])
     obs, _, _, _, step_info = env.step(tool_call_text("lookup", {"item": "417"}))  # a string, not a number
     assert step_info["tool_failures"] and "item" in message_text(obs[0])
 
