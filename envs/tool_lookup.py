@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import random
 from typing import Any
-from urllib.parse import urlsplit
 
 from mmgrpo.env import DemoTurn, Shown, Task, system, user
 from mmgrpo.envs.counting import scene_seed
@@ -112,9 +111,13 @@ class ToolLookupEnv(ToolEnv):
             raise ConfigError(f"ToolLookupEnv(low={low}, high={high}): expected low <= high")
         self.catalogue = Catalogue(seed=catalogue_seed)
         self.service = shared_price_service(self.catalogue)
-        fetch = make_tool("http_get", base_urls=[self.service.url], timeout_s=timeout_s, max_bytes=2000)
-        parts = urlsplit(self.service.url)
-        origin = f"{parts.scheme}://{parts.netloc}"  # http://127.0.0.1:<port>
+        fetch = make_tool(
+            "http_get",
+            base_urls=[self.service.url],
+            timeout_s=timeout_s,
+            max_bytes=2000,
+            shown_as=SERVICE_NAME,
+        )
 
         def lookup(item: int) -> str:
             """Look up an item's price in the shop's price list.
@@ -124,9 +127,7 @@ class ToolLookupEnv(ToolEnv):
             """
             if isinstance(item, bool) or not isinstance(item, int):
                 raise ValueError(f"item must be an item number like 417, got {item!r:.40}")
-            # the service's address (an ephemeral port) out of what the policy reads: an error such as a
-            # 404 would otherwise differ from run to run, and so would every episode after it
-            return fetch(str(item)).replace(origin, SERVICE_NAME)
+            return fetch(str(item))
 
         lookup.timeout_s = fetch.timeout_s  # type: ignore[attr-defined]  # the runner waits this long for it
         super().__init__(

@@ -156,6 +156,24 @@ def test_redirects_are_not_followed(http_get, server):
     assert server.seen == [("GET", "/api/redirect")]
 
 
+def test_shown_as_names_the_service_without_its_port(server):
+    """An answer names the service as ``shown_as`` says: the OS picks the test server's port, as it picks a
+    local service's at every run, and the text the policy reads must not change with it."""
+    fetch = make_http_get([server.url + "/api"], timeout_s=0.5, shown_as="shop")
+    port = str(server.server_address[1])
+    for path, start in [
+        ("missing", "error: HTTP 404 Not Found from shop/api/missing"),
+        ("fail", "error: HTTP 500 Internal Server Error from shop/api/fail"),
+        ("slow", "error: timed out after 0.5 s waiting for shop/api/slow"),
+    ]:
+        text = fetch(path)
+        assert text.startswith(start) and port not in text, text
+    # another host keeps its own name (a redirect's target here)
+    assert fetch("redirect").startswith("error: HTTP 302 redirect to http://example.com/steal")
+    with pytest.raises(ConfigError, match="shown_as"):
+        make_http_get([server.url], shown_as="a/b")
+
+
 def test_binary_answer_is_not_returned(http_get, server):
     assert "image/png" in http_get(server.url + "/api/image")
 

@@ -50,7 +50,7 @@ _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflat
 class _Policy:
     """The allowed bases and the check every URL goes through."""
 
-    def __init__(self, base_urls: list[str], tool: str):
+    def __init__(self, base_urls: list[str], tool: str, shown_as: str | None = None):
         import httpx
 
         if isinstance(base_urls, str):
@@ -72,6 +72,13 @@ class _Policy:
                 )
             self.bases.append((url.scheme, url.host.lower(), _port(url), url.path.rstrip("/")))
         self.first = httpx.URL(str(base_urls[0]).rstrip("/") + "/")
+        if shown_as is not None and (
+            not isinstance(shown_as, str) or not shown_as.strip() or "/" in shown_as
+        ):
+            raise _config_error(
+                f"{tool}: shown_as={shown_as!r} must be a name without '/', e.g. 'price-service'"
+            )
+        self.shown_as = shown_as
         self.described = ", ".join(self._show(b) for b in self.bases)
         # made once per tool (loading the CA certificates takes a while), only if an https URL is allowed
         needs_tls = any(scheme == "https" for scheme, *_ in self.bases)
@@ -83,6 +90,19 @@ class _Policy:
         host = f"[{host}]" if ":" in host else host
         port_text = "" if port == _DEFAULT_PORTS[scheme] else f":{port}"
         return f"{scheme}://{host}{port_text}{path}/"
+
+    def show(self, target: Any) -> str:
+        """How an answer names ``target``: as it is, or with the first base's scheme, host and port written
+        as ``shown_as`` (``price-service/prices/7``): a port the OS picks at every run would otherwise make
+        the text the policy reads, and every episode after it, differ from run to run."""
+        first = self.first
+        if self.shown_as is None or (target.scheme, target.host, _port(target)) != (
+            first.scheme,
+            first.host,
+            _port(first),
+        ):
+            return str(target)
+        return self.shown_as + target.raw_path.decode("ascii")
 
     def check(self, url: str) -> Any:
         """The ``httpx.URL`` to request, or ValueError saying why not."""
@@ -129,14 +149,16 @@ def make_http_get(
     max_bytes: int = 20_000,
     name: str = "http_get",
     headers: dict[str, str] | None = None,
+    shown_as: str | None = None,
 ) -> Callable[[str], str]:
     """The ``http_get(url)`` tool, allowed to fetch only under ``base_urls`` (see the module docstring).
 
     ``timeout_s`` bounds each wait, and twice that the whole exchange. The function carries ``timeout_s``
     (``2 * timeout_s + 1``): the longest one call can take; give the tool runner at least that much.
+    ``shown_as`` names the first base URL's scheme, host and port in the answers (see ``_Policy.show``).
     """
     _check_settings(name, timeout_s, max_bytes)
-    policy = _Policy(base_urls, name)
+    policy = _Policy(base_urls, name, shown_as)
 
     def http_get(url: str) -> str:
         return _request(policy, "GET", url, None, timeout_s, max_bytes, headers)
@@ -158,10 +180,11 @@ def make_http_post_json(
     max_bytes: int = 20_000,
     name: str = "http_post",
     headers: dict[str, str] | None = None,
+    shown_as: str | None = None,
 ) -> Callable[[str, dict], str]:
     """The ``http_post(url, data)`` tool: POSTs ``data`` as JSON, under the same rules as :func:`make_http_get`."""
     _check_settings(name, timeout_s, max_bytes)
-    policy = _Policy(base_urls, name)
+    policy = _Policy(base_urls, name, shown_as)
 
     def http_post(url: str, data: dict) -> str:
         return _request(policy, "POST", url, data, timeout_s, max_bytes, headers)
@@ -204,6 +227,7 @@ def _request(
     import httpx
 
     target = policy.check(url)
+    shown = policy.show(target)
     if method == "POST" and not isinstance(data, dict):
         raise ValueError(f"data must be a JSON object, got {type(data).__name__}")
     # The whole exchange gets 2 * timeout_s. httpx's timeouts are per wait (a server sending one byte, or
@@ -232,7 +256,7 @@ def _request(
                 unreadable = [c for c in codings if c not in _DECODERS]
                 if unreadable or len(codings) > _MAX_LAYERS:
                     what = ", ".join(codings) if len(codings) <= _MAX_LAYERS else f"{len(codings)} layers"
-                    return f"error: the answer from {target} is compressed ({what}); this tool cannot read it"
+                    return f"error: the answer from {shown} is compressed ({what}); this tool cannot read it"
                 chunks = response.iter_raw()
                 for coding in reversed(codings):  # the last encoding applied is undone first
                     chunks = _inflate(chunks, coding)
@@ -246,19 +270,19 @@ def _request(
                         budget.expired = True
                         break
                 if budget.expired:
-                    return _out_of_time(target, total)
+                    return _out_of_time(shown, total)
     except Exception as e:  # every failure of the exchange is data for the model, never raised
         if budget.expired:
-            return _out_of_time(target, total)
+            return _out_of_time(shown, total)
         if isinstance(e, zlib.error):
-            return f"error: could not decode the compressed answer from {target}: {e}"
+            return f"error: could not decode the compressed answer from {shown}: {e}"
         if _is_timeout(e):
-            return f"error: timed out after {timeout_s:g} s waiting for {target}"
-        return f"error: could not get {target}: {type(e).__name__}: {e}"
+            return f"error: timed out after {timeout_s:g} s waiting for {shown}"
+        return f"error: could not get {shown}: {type(e).__name__}: {e}"
     try:
-        return _describe(response, target, bytes(body), cut, max_bytes)
+        return _describe(response, target, policy, bytes(body), cut, max_bytes)
     except Exception as e:  # a header httpx cannot make sense of, say
-        return f"error: could not read the answer from {target}: {type(e).__name__}: {e}"
+        return f"error: could not read the answer from {shown}: {type(e).__name__}: {e}"
 
 
 def _out_of_time(target: Any, total: float) -> str:
@@ -487,11 +511,11 @@ def _transport_class() -> type:
     return Transport
 
 
-def _describe(response: Any, target: Any, body: bytes, cut: bool, max_bytes: int) -> str:
+def _describe(response: Any, target: Any, policy: _Policy, body: bytes, cut: bool, max_bytes: int) -> str:
     status = response.status_code
     if 300 <= status < 400:
         location = response.headers.get("location", "")
-        where = f" to {target.join(location)}" if location else ""
+        where = f" to {policy.show(target.join(location))}" if location else ""
         return (
             f"error: HTTP {status} redirect{where}; redirects are not followed: "
             "request that URL yourself if it is allowed"
@@ -505,7 +529,9 @@ def _describe(response: Any, target: Any, body: bytes, cut: bool, max_bytes: int
     if not 200 <= status < 300:
         reason = f" {response.reason_phrase}" if response.reason_phrase else ""
         shown = text[:ERROR_BODY_CHARS] + ("..." if len(text) > ERROR_BODY_CHARS or cut else "")
-        return f"error: HTTP {status}{reason} from {target}" + (f": {shown}" if shown.strip() else "")
+        return f"error: HTTP {status}{reason} from {policy.show(target)}" + (
+            f": {shown}" if shown.strip() else ""
+        )
     if content_type == "application/json" or content_type.endswith("+json"):
         if cut:
             return text + note
