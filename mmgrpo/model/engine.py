@@ -530,8 +530,9 @@ def _responses_on_repeated(model, adapter, batch, G, device) -> list[LogitBlock]
 def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> list[list[int]]:
     """Rows cut into at most ``most`` passes of similar length: sorted by length, cut where the padded
     area (rows x longest row, summed over passes) plus ``overhead`` tokens per pass is least (an exact
-    search over the cuts, one (n + 1, n) table per pass count; between equal costs, the earliest cuts). e.g. 20 rows of 50 tokens and one of 150: two passes (20 x 50 + 150 + 2 x 512
-    = 2174 padded tokens, against 21 x 150 + 512 = 3662); equal lengths: one pass."""
+    search over the cuts, one (n + 1, n) table per pass count; between equal costs, the earliest cuts).
+    e.g. 20 rows of 50 tokens and one of 150: two passes (20 x 50 + 150 + 2 x 512 = 2174 padded tokens,
+    against 21 x 150 + 512 = 3662); equal lengths: one pass."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     L = [max(lengths[i], 1) for i in order]
     n = len(L)
@@ -554,6 +555,6 @@ def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> lis
         prev = torch.cat([prev.new_full((1,), torch.inf), low])
         if torch.isfinite(low[-1]):
             ends.append((int(low[-1]), cuts(n, k)))
-    cost, cuts_n = min(ends)
+    _, cuts_n = min(ends)
     bounds = [0, *cuts_n]
     return [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]

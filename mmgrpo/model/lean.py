@@ -183,12 +183,7 @@ class LeanStep:
         additive over the row's own tokens and the block."""
         N, W, _ = x.shape
         D = attn.head_dim
-        if joined is not None and joined.qkv is not None:
-            nq, nk, _ = joined.sizes
-            qkv = F.linear(x, joined.qkv, joined.qkv_bias)  # (N, W, Hq*D + 2*Hk*D)
-            q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
-        else:
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q, k, v, _ = _project(attn, x, joined)  # (N, W, Hq*D), (N, W, Hk*D) twice
         q, k, v = q.reshape(N, W, -1, D), k.reshape(N, W, -1, D), v.reshape(N, W, -1, D)  # (N, W, heads, D)
         if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
             q, k = attn.q_norm(q), attn.k_norm(k)
@@ -226,18 +221,12 @@ class LeanStep:
         """One layer's self-attention for one new token per row: x (N, H) -> (N, H)."""
         N = x.shape[0]
         D = attn.head_dim
-        joint = joined is not None and joined.qkv is not None
-        if joint:
-            qkv = F.linear(x, joined.qkv, joined.qkv_bias)  # (N, Hq*D + 2*Hk*D): q, k, v side by side
-            nq, nk, _ = joined.sizes
-            q, k, v = qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
-        else:
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q, k, v, qkv = _project(attn, x, joined)  # (N, Hq*D), (N, Hk*D) twice
         Hq = q.shape[-1] // D
         v = v.reshape(N, -1, 1, D)  # (N, Hk, 1, D)
         if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
             qk = torch.cat([attn.q_norm(q.reshape(N, -1, 1, D)), attn.k_norm(k.reshape(N, -1, 1, D))], dim=1)
-        elif joint:
+        elif qkv is not None:
             qk = qkv[:, : q.shape[-1] + k.shape[-1]].view(N, -1, 1, D)  # (N, Hq + Hk, 1, D): joined already
         else:
             qk = torch.cat([q.reshape(N, -1, 1, D), k.reshape(N, -1, 1, D)], dim=1)  # (N, Hq + Hk, 1, D)
@@ -252,6 +241,16 @@ class LeanStep:
         return _linear(
             attn.o_proj, joined.o if joined is not None else None, out.reshape(N, Hq * D)
         )  # (N, H)
+
+
+def _project(attn, x: Tensor, joined: Joined | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """q, k, v of x (..., H): (..., Hq*D), (..., Hk*D), (..., Hk*D), in one product when the layer's
+    projections are ``joined`` (then also that product, (..., Hq*D + 2*Hk*D), of which they are views)."""
+    if joined is not None and joined.qkv is not None:
+        nq, nk, _ = joined.sizes
+        qkv = F.linear(x, joined.qkv, joined.qkv_bias)
+        return qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :], qkv
+    return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), None
 
 
 def _plain(module) -> bool:
