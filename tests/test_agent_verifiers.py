@@ -118,6 +118,18 @@ def test_tool_call_cost_by_hand():
             tool_call_cost(**bad)
 
 
+def test_tool_call_cost_only_when_right():
+    fn = tool_call_cost(cost=0.1, only_when_right=True)
+    assert fn(episode(*GOOD, *GOOD)) == pytest.approx(-0.2)  # right: charged per call
+    assert fn(episode(*GOOD, *GOOD, final="<answer>41</answer>")) == 0.0  # wrong: no charge
+    assert fn(episode(*GOOD, final="no tag")) == 0.0
+    assert tool_call_cost(only_when_right=True, field="total")(
+        Episode(completion="<answer>7</answer>", messages=list(ONE_GOOD.messages), task={"total": "7"})
+    ) == pytest.approx(-0.1)
+    with pytest.raises(ConfigError, match="only_when_right"):
+        tool_call_cost(only_when_right="yes")
+
+
 def test_fewer_calls_win_when_composed_with_correctness():
     rewards = Rewards(
         [Verifier("correct", number_match()), Verifier("cost", tool_call_cost(cost=0.1))],

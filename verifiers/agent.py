@@ -29,6 +29,7 @@ from typing import Any
 
 from mmgrpo.errors import ConfigError
 from mmgrpo.verifier import Episode
+from mmgrpo.verifiers.answers import number_match
 
 __all__ = ["env_reward", "tool_call_cost", "tool_messages", "tool_use_valid", "used_tool"]
 
@@ -76,7 +77,12 @@ def tool_use_valid(require_call: bool = True) -> Callable[[Episode], float]:
 
 
 def tool_call_cost(
-    cost: float = 0.1, free_calls: int = 0, max_penalty: float | None = None
+    cost: float = 0.1,
+    free_calls: int = 0,
+    max_penalty: float | None = None,
+    only_when_right: bool = False,
+    tag: str | None = "answer",
+    field: str = "answer",
 ) -> Callable[[Episode], float]:
     """A penalty per tool call: ``-cost * max(0, calls - free_calls)``, at least ``-max_penalty``.
 
@@ -86,6 +92,12 @@ def tool_call_cost(
     ``number_match`` + ``tool_call_cost(cost=0.1)``, a right answer after 1 call scores 0.9 and after
     3 calls 0.7. Keep ``cost * typical calls`` below the correctness weight, or not calling (and guessing)
     beats calling and being right. ``max_penalty=None`` leaves the penalty unbounded.
+
+    ``only_when_right=True`` charges only episodes whose answer is right (``number_match(tag, field)``):
+    wrong answers score the same however many calls they made. Charged always, a policy that is still
+    mostly wrong learns above all that its wrong episodes with fewer calls score higher, and can give up
+    the tools before it finds the answers they lead to; charged on right answers only, the cost still
+    ranks the right episodes by their calls, which is what it is for.
     """
     cost = _check_number("tool_call_cost", "cost", cost)
     if isinstance(free_calls, bool) or not isinstance(free_calls, numbers.Integral) or free_calls < 0:
@@ -93,8 +105,13 @@ def tool_call_cost(
     free_calls = int(free_calls)
     if max_penalty is not None:
         max_penalty = _check_number("tool_call_cost", "max_penalty", max_penalty)
+    if not isinstance(only_when_right, bool):
+        raise ConfigError(f"tool_call_cost: only_when_right must be true or false, got {only_when_right!r}.")
+    right = number_match(tag=tag, field=field) if only_when_right else None
 
     def tool_cost_score(episode: Episode) -> float:
+        if right is not None and right(episode) < 1.0:
+            return 0.0
         penalty = cost * max(0, len(tool_messages(episode)) - free_calls)
         if max_penalty is not None:
             penalty = min(penalty, max_penalty)
