@@ -276,3 +276,21 @@ def test_length_chunks_finds_the_least_padded_cut():
         assert cost(got, lengths, overhead) == brute
     assert [len(p) for p in length_chunks([50] * 20 + [150])] == [20, 1]
     assert len(length_chunks([50] * 21)) == 1
+
+
+def test_take_rows_gradient_equals_index_select_on_strided_gradients():
+    """``prefix.take_rows`` (a group's prompt cache taken per row) sums the rows' gradients like
+    ``index_select``'s own backward, also for the strided gradients attention sends back."""
+    from mmgrpo.model.prefix import take_rows
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 9, 8, dtype=torch.float64, requires_grad=True)
+    rows = torch.tensor([0, 0, 3, 1, 1, 1, 3, 2, 0])
+    grad = torch.randn(9, 9, 2, 8, dtype=torch.float64).transpose(1, 2)  # (9, 2, 9, 8), not contiguous
+    (mine,) = torch.autograd.grad(take_rows(x, rows), x, grad)
+    (plain,) = torch.autograd.grad(x.index_select(0, rows), x, grad)
+    assert torch.equal(take_rows(x, rows), x.index_select(0, rows))
+    torch.testing.assert_close(mine, plain, rtol=0, atol=1e-12)
+    assert mine[2].abs().sum() > 0 and torch.equal(mine[2], grad[7])  # row 2 taken once: its gradient as is
+    with torch.no_grad():
+        assert take_rows(x, rows).grad_fn is None

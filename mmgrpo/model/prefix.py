@@ -214,17 +214,40 @@ def selects_rows(cache) -> bool:
 
 
 def rows_of_cache(cache, rows: Tensor):
-    """A new cache of the same class holding batch rows ``rows`` (n,) of ``cache`` (an index: the
-    gradient flows back into ``cache``'s tensors, summed by ``index_add``, twice as fast on the CPU as
-    plain indexing's accumulating ``index_put``); ``cache`` itself is left as it is."""
+    """A new cache of the same class holding batch rows ``rows`` (n,) of ``cache`` (by index, see
+    ``take_rows``: the gradient flows back into ``cache``'s tensors); ``cache`` itself is left as it is."""
     out = copy.copy(cache)
     out.layers = []
     for layer in cache.layers:
         new = plain_again(copy.copy(layer))  # a reserved layer's room belongs to all rows
         if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
-            new.keys, new.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+            new.keys, new.values = take_rows(layer.keys, rows), take_rows(layer.values, rows)
         out.layers.append(new)
     return out
+
+
+def take_rows(x: Tensor, rows: Tensor) -> Tensor:
+    """``x.index_select(0, rows)``: x (B, ...) -> (n, ...). When a gradient is needed, its backward sums
+    the rows' gradients with ``index_add`` on a contiguous copy: the gradient arriving from attention is a
+    strided view, on which the CPU's ``index_add`` falls back to an element-wise ``scatter_add`` (a
+    (32, 2, 68, 32) -> 4 rows sum 289 us, against 43 us contiguous; 8 ms of a 170 ms counting step)."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return x.index_select(0, rows)
+    return _TakeRows.apply(x, rows)
+
+
+class _TakeRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, rows: Tensor) -> Tensor:
+        ctx.save_for_backward(rows)
+        ctx.rows_of = x.shape[0]
+        return x.index_select(0, rows)  # (n, ...)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (rows,) = ctx.saved_tensors
+        out = grad.new_zeros((ctx.rows_of, *grad.shape[1:]))  # (B, ...)
+        return out.index_add_(0, rows, grad.contiguous()), None
 
 
 def select_rows(cache, rows: Tensor) -> None:
