@@ -174,10 +174,10 @@ def grouped_attention(
     return out + torch.matmul(p[..., P:], values)
 
 
-MERGED = False
+MERGED = True
 """On the CPU, take ``grouped_attention`` as two flash-attention calls merged (``_merged_attention``; a
-64-row decode step 5.2 -> 4.8 ms); False: the products by hand everywhere (the tests compare both). Off by
-default for the reason ``mmgrpo.model.turns.LEAN_BLOCKS`` is: its rounding differs by about 1e-6."""
+64-row decode step 5.2 -> 4.8 ms); False: the products by hand everywhere (the tests compare both; the
+rounding differs by about 1e-6, see ``mmgrpo.model.turns.LEAN_BLOCKS``)."""
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """The CPU flash-attention kernel: it returns each query's log-sum-exp with its output, so that attention
 over two key sets (a group's prompt, a row's own tokens) can be taken in two calls and merged exactly."""

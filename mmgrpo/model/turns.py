@@ -34,13 +34,13 @@ from transformers.cache_utils import DynamicLayer
 from mmgrpo.model import engine, lean
 from mmgrpo.model.batch import VisionInputs
 
-LEAN_BLOCKS = False
+LEAN_BLOCKS = True
 """Run a later turn's text block through the lean step (``LeanStep.block``: the prompt held once, no
-copies; 71-77 -> 60-62 ms a tools step) instead of the model's forward over the materialised rows. Off by
-default: its rounding differs from the model's forward by about 1e-6, and with it and
-``prefix.MERGED`` on, the tools-lookup demo's seed-0 GRPO phase samples other episodes after a few steps,
-its KL to the reference climbs from step 14 and the policy drops the tools (0.255 -> 0.005; with both off
-0.995). The demo has to survive rounding before this is the default. The tests run both ways."""
+copies; 71-77 -> 60-62 ms a tools step) instead of the model's forward over the materialised rows. Its
+rounding differs from the model's forward by about 1e-6, so a run samples other episodes than with it off
+after a few steps; the tools-lookup demo once lost the tools on such a path, from its reward (a per-call
+cost on wrong answers), not from the rounding: ``tool_call_cost(only_when_right=True)``. The tests run
+both ways."""
 
 
 def supported(policy) -> bool:
