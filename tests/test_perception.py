@@ -16,6 +16,7 @@ from mmgrpo.tiny.perception import (
     PROMPT,
     SHIPPED,
     PerceptionSpec,
+    cpu_kind,
     draw_scene,
     file_sha256,
     pretrain_perception,
@@ -42,14 +43,36 @@ def test_pretraining_teaches_every_cell_and_writes_its_curve(blind_copy):
         summary["check"] == after
         and json.loads((blind_copy / "perception.json").read_text())["check"] == after
     )
-    # the shipped weights are what this pretraining makes, bit for bit (and its curve is the shipped one)
+    # the shipped weights are what this pretraining makes: bit for bit on the kind of CPU that made them;
+    # on another kind (its kernels round differently) the same weights up to that rounding
     shipped = json.loads((SHIPPED / "perception.json").read_text())
-    assert (
-        file_sha256(blind_copy / "model.safetensors")
-        == shipped["sha256"]
-        == file_sha256(SHIPPED / "model.safetensors")
-    )
-    assert (blind_copy / "perception.jsonl").read_text() == (SHIPPED / "perception.jsonl").read_text()
+    assert shipped["sha256"] == file_sha256(SHIPPED / "model.safetensors")
+    assert json.loads((blind_copy / "perception.json").read_text())["cpu"] == cpu_kind()
+    mine, theirs = (blind_copy / "perception.jsonl").read_text(), (SHIPPED / "perception.jsonl").read_text()
+    if file_sha256(blind_copy / "model.safetensors") == shipped["sha256"]:
+        assert mine == theirs
+        return
+    assert shipped.get("cpu") != cpu_kind(), "same kind of CPU as the shipped weights' maker, other bits"
+    assert summary["check"] == shipped["check"]
+    assert_same_up_to_rounding(blind_copy / "model.safetensors", SHIPPED / "model.safetensors")
+    curve_mine = [json.loads(line) for line in mine.splitlines()]
+    curve_theirs = [json.loads(line) for line in theirs.splitlines()]
+    assert [r["step"] for r in curve_mine] == [r["step"] for r in curve_theirs]
+    for a, b in zip(curve_mine, curve_theirs, strict=True):
+        assert a.keys() == b.keys(), (a, b)
+        assert all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6) for k in a), (a, b)
+
+
+def assert_same_up_to_rounding(path_a, path_b, rel=1e-3):
+    """Every tensor within ``rel`` of the other's norm. Measured, the worst tensor: 4e-5 from one CPU kind to
+    another; 5e-2 with one step fewer (59), 8e-2 with the lr 1% higher, 0.55 with another seed."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(path_a), load_file(path_b)
+    assert a.keys() == b.keys()
+    far = {k: float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in a}
+    worst = max(far, key=far.get)
+    assert far[worst] <= rel, f"{worst}: {far[worst]:.2e} from the shipped weights"
 
 
 def test_the_model_that_sees_takes_the_shipped_weights_and_other_settings_pretrain(tmp_path):
