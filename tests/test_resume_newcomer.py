@@ -32,6 +32,7 @@ CONFIG = str(ROOT / "examples" / "counting_tiny.yaml")
 RUN = [  # two small steps, a checkpoint after each (counting_tiny.yaml: lr 3e-4, vision_lr 3e-5)
     "warm_start.steps=0",
     "grpo.beta=0.02",  # a reference model, so that the checkpoint holds one (the recipe's beta is 0)
+    "grpo.lr_schedule=constant",  # the lr as set, step after step (the recipe's decays linearly)
     "grpo.steps=2",
     "grpo.tasks_per_step=2",
     "grpo.group_size=2",
