@@ -173,9 +173,8 @@ def test_a_turns_text_block_on_the_shared_prompt_equals_the_model_forward(tmp_pa
         engine.reserve(lean_st.cache, 5)
         got = step.block(block, pos, full, lean_st.cache, lean_st.prefix, step.joined())
         cache = hf_st.prefix.materialize(hf_st.cache)
-        want = m(
-            input_ids=block, attention_mask=full, position_ids=pos, past_key_values=cache, use_cache=True
-        ).logits[:, -1]
+        kw = {engine.cache_kwarg(m): cache}  # `cache` in recent transformers; past_key_values goes in 5.40
+        want = m(input_ids=block, attention_mask=full, position_ids=pos, use_cache=True, **kw).logits[:, -1]
         hf_st.prefix.strip(cache, hf_st.cache)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         nxt = torch.randint(5, vocab - 5, (6,), generator=gen)
