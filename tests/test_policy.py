@@ -209,3 +209,35 @@ def test_an_unreachable_hub_id_fails_at_once(monkeypatch):
         ConfigError, match="not in the Hugging Face cache, and huggingface.co cannot be reached"
     ):
         Policy.from_pretrained("some-org/not-cached-model")  # no retries: the client never starts
+
+
+def test_on_the_cpu_mode_flips_do_not_rekernelize(tiny_model_dir, monkeypatch):
+    """transformers loads a model with hub-kernel swapping on when the ``kernels`` package is installed, and
+    every train() / eval() that changes the mode then walks the model to kernelize it (1.7 ms a flip on the
+    tiny VLM, nothing swapped on the CPU). A CPU policy turns it off; a plain load still has it."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.modeling_utils import PreTrainedModel
+    from transformers.utils import is_kernels_available
+
+    walks = []
+    real = PreTrainedModel.set_use_kernels
+
+    def counted(self, *args, **kwargs):
+        walks.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", counted)
+    if is_kernels_available():  # the behaviour this guards against, on a plain load
+        plain = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+        walks.clear()
+        plain.train(), plain.eval()
+        assert plain.use_kernels and len(walks) == 2
+    policy = Policy.from_pretrained(tiny_model_dir)
+    walks.clear()
+    for _ in range(3):
+        policy.model.train(), policy.model.eval()
+    assert not policy.model.use_kernels and walks == []
+    x = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():  # the same model as before: nothing was swapped
+        again = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).eval()
+        assert torch.equal(policy.model(input_ids=x).logits, again(input_ids=x).logits)
