@@ -255,6 +255,52 @@ def test_bare_drills_come_first_and_the_check_ends_only_the_full_ones(tiny_model
     )
     assert made == ["bare"] * 3 + ["drill"] + ["demo"] * 2  # bare, then full until the check passes at 4
     assert (
-        asked == [4]
+        asked == [4, 6]  # 6: after the demonstrations (the final check; passing, no drills again)
         and [r["phase"] for r in logged] == ["drills, bare prompts"] * 3 + ["drills"] + ["demonstrations"] * 2
     )
+
+
+@pytest.mark.parametrize("after_demos", [True, False])
+def test_drills_resume_when_the_demonstrations_wore_the_skill_down(tiny_model_dir, monkeypatch, after_demos):
+    """The check passes after the drills (step 4); after the demonstrations (step 6) it fails or passes.
+    Failing, the drills go on with what is left of drill_steps until it passes again (step 8)."""
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.train import warmstart
+
+    policy = Policy.from_pretrained(tiny_model_dir)
+    made, asked, logged = [], [], []
+    real = warmstart.demonstration_batch
+
+    def spy(*args, bare=False, play=None, **kw):
+        made.append("drill" if play is not None else "demo")
+        return real(*args, bare=bare, play=play, **kw)
+
+    def done(step: int) -> bool:
+        asked.append(step)
+        return step == 4 or step >= 8 or (step == 6 and after_demos)
+
+    monkeypatch.setattr(warmstart, "demonstration_batch", spy)
+    warmstart.warm_start(
+        policy,
+        ToolMathEnv,
+        steps=2,
+        lr=1e-3,
+        batch_size=2,
+        template="",
+        low=1,
+        high=5,
+        seed=0,
+        source="env",
+        drill_steps=10,
+        check_every=1,
+        progress=False,
+        log=logged.append,
+        done=done,
+    )
+    phases = [r["phase"] for r in logged]
+    if after_demos:  # the skill held: nothing more (the final check reuses the one at step 6)
+        assert made == ["drill"] * 4 + ["demo"] * 2 and asked == [1, 2, 3, 4, 6]
+        assert phases == ["drills"] * 4 + ["demonstrations"] * 2
+    else:
+        assert made == ["drill"] * 4 + ["demo"] * 2 + ["drill"] * 2 and asked == [1, 2, 3, 4, 6, 7, 8]
+        assert phases == ["drills"] * 4 + ["demonstrations"] * 2 + ["drills again"] * 2

@@ -378,7 +378,8 @@ class WarmStartConfig(Section):
     drill_steps: int = 0
     """With source "env": before the demonstrations, at most this many steps on the env's skill drills
     alone (``skill_probe``: the skill the check measures), ended once the check passes (see
-    ``check_every``); then ``steps`` steps of demonstrations. 0 = no drills."""
+    ``check_every``); then ``steps`` steps of demonstrations. If the check fails after them, the drills go
+    on with what is left of this budget until it passes. 0 = no drills."""
     drill_lr: float | None = None
     """Learning rate of the drills (default: ``lr``). Copying is found from a plateau, and a lower rate
     found it more reliably on the tiny model (3e-4: five task orders of five; 1e-3: one of two)."""

@@ -95,7 +95,9 @@ def warm_start(
     the drills start with that many steps on bare prompts (``bare_prompt``: the question alone), then go on
     with the full ones. With ``check_every`` and ``done``, the drills on full prompts (else the only phase)
     end after a step ``k`` (a multiple of ``check_every``) for which ``done(k)`` says the skill is there
-    (mmgrpo.train.warm_check measures it on held-out tasks, on full prompts)."""
+    (mmgrpo.train.warm_check measures it on held-out tasks, on full prompts). When the skill is gone again
+    after the demonstrations, the drills go on ("drills again") with what is left of ``drill_steps``, until
+    the check passes."""
     from tqdm.auto import tqdm
 
     rng = random.Random(seed)
@@ -146,27 +148,40 @@ def warm_start(
         phases.append(("drills", drill_steps, drill, drill_lr or lr, True))
     name = "demonstrations" if source == "env" else "format only"
     phases.append((name, steps, demonstrations, lr, not phases))
-    loss_value, done_steps = float("nan"), 0
-    for k, (name, n, make_batch, phase_lr, checked) in enumerate(phases):
+    state = {"loss": float("nan"), "steps": 0, "drilled": 0}
+
+    def run(name: str, n: int, make_batch, phase_lr: float, until_skill: bool, check_last: bool) -> None:
+        """``n`` steps of ``make_batch`` at ``phase_lr``; with ``until_skill``, ended by the first check
+        that passes (checked every ``check_every`` steps; at the last step only with ``check_last``)."""
         for group in optimizer.param_groups:
             group["lr"] = phase_lr
-        until_skill = checked and done is not None and check_every > 0
         bar = tqdm(range(n), desc=f"warm start ({name})", unit="step", disable=not progress)
         for step in bar:
-            batch = make_batch(done_steps)
+            batch = make_batch(state["steps"])
             loss = masked_nll(policy.logprobs(batch), batch.loss_mask)  # mean NLL per target token
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_value, done_steps = float(loss.detach()), done_steps + 1
-            bar.set_postfix(nll=f"{loss_value:.3f}")
+            state["loss"], state["steps"] = float(loss.detach()), state["steps"] + 1
+            state["drilled"] += make_batch is drill
+            bar.set_postfix(nll=f"{state['loss']:.3f}")
             if log is not None:
-                log({"stage": "warm_start", "step": done_steps, "phase": name, "nll": loss_value})
-            if until_skill and (step + 1) % check_every == 0 and (step + 1 < n or k + 1 < len(phases)):
-                if done(done_steps):
+                log({"stage": "warm_start", "step": state["steps"], "phase": name, "nll": state["loss"]})
+            if until_skill and (step + 1) % check_every == 0 and (step + 1 < n or check_last):
+                if done(state["steps"]):
                     break
         bar.close()
-    return loss_value
+
+    checks = done is not None and check_every > 0
+    for k, (name, n, make_batch, phase_lr, checked) in enumerate(phases):
+        run(name, n, make_batch, phase_lr, checked and checks, k + 1 < len(phases))
+    left = drill_steps - state["drilled"]
+    if drill_steps > 0 and steps > 0 and checks and left > 0 and not done(state["steps"]):
+        # the demonstrations wore the drilled skill down (tools_lookup, seed 2: the check passed after the
+        # drills and read 56/64 after 300 demonstrations): drill again, with what is left of drill_steps,
+        # until the check passes
+        run("drills again", left, drill, drill_lr or lr, True, False)
+    return state["loss"]
 
 
 def example_pool(env: ChatEnv, examples: int, scan: int = 5000) -> list[int]:
