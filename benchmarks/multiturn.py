@@ -803,7 +803,8 @@ def print_results(args, results: dict[str, Any]) -> None:
 
 # -------------------------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # no abbreviations: "--work" is an option of its own, not the hidden --worker
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="1 round, 2 steps, B=2 x G=2 (the smoke test)")
     ap.add_argument("--only", default="text,zoom,trl", help="comma-separated: text, zoom, trl")
     ap.add_argument("--rounds", type=int, default=2)

@@ -1060,7 +1060,8 @@ def print_learn(args: argparse.Namespace, res: dict[str, Any]) -> None:
 # -------------------------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --work must not be taken for the hidden --worker
     )
     ap.add_argument("--quick", action="store_true", help="G=4, 2 steps, 1 round (the test suite's run)")
     ap.add_argument("--steps", type=int, default=6, help="steps per run (the first is warm-up)")
