@@ -339,3 +339,17 @@ def test_version():
 def test_tiny_model_weights_are_readable_like_its_other_files(tiny_model_dir):
     mode = (tiny_model_dir / "config.json").stat().st_mode & 0o777
     assert (tiny_model_dir / "model.safetensors").stat().st_mode & 0o777 == mode
+
+
+def test_several_values_after_one_set_get_a_hint(capsys, tmp_path):
+    """``--set a=1 b=2`` (as a shell user might write it) names the strays and says how to write them."""
+    with pytest.raises(SystemExit) as caught:
+        main(["demo", "--out", str(tmp_path), "--set", "grpo.steps=5", "grpo.lr=1e-4", "seed=2"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and not any(tmp_path.iterdir())
+    assert "unrecognized arguments: grpo.lr=1e-4 seed=2; --set takes one KEY=VALUE each" in err
+    assert "write --set grpo.lr=1e-4 --set seed=2" in err
+    with pytest.raises(SystemExit):  # another stray argument: argparse's own line, no hint
+        main(["demo", "--out", str(tmp_path), "--bogus"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --bogus" in err and "--set takes" not in err

@@ -174,7 +174,16 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MMGRPO_DEBUG") == "1"
-    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    parser = build_parser()
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    if extra:
+        pairs = [a for a in extra if "=" in a and not a.startswith("-")]
+        hint = (
+            f"; --set takes one KEY=VALUE each: write --set {' --set '.join(pairs)}"
+            if pairs and "--set" in argv
+            else ""
+        )
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     try:
         return args.fn(args)
     except MmgrpoError as exc:
