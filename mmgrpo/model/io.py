@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from mmgrpo.errors import ConfigError
+from mmgrpo.model.adapters import unwrap
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -345,3 +346,17 @@ def looks_like_missing_folder(path: str | Path) -> bool:
     if p.is_absolute() or text.startswith((".", "~")) or len(p.parts) > 2:
         return True
     return len(p.parts) == 2 and Path(p.parts[0]).is_dir()
+
+
+def no_kernel_swaps(model) -> bool:
+    """Turn off transformers' hub-kernel swapping on ``model`` (a model that runs on the CPU); True when
+    it was on. With the ``kernels`` package installed, transformers 5 loads every model with it on, and each
+    train() / eval() that changes the mode walks the whole model to swap layers for that mode's kernels:
+    1.7 ms per flip on the tiny VLM, four flips a GRPO step (rollout, training pass). Its kernel mapping has
+    no CPU layer, so on the CPU the walks swap nothing."""
+    base = unwrap(model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base  # LoRA: the wrapped model
+    if not getattr(base, "use_kernels", False) or not hasattr(base, "reset_kernels"):
+        return False
+    base.use_kernels = False  # transformers' setter: reset_kernels(), which restores any swapped layer
+    return True

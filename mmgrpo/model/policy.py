@@ -42,6 +42,7 @@ from mmgrpo.model.io import (
     is_lora,
     load_model,
     looks_like_missing_folder,
+    no_kernel_swaps,
     save_model,
     stop_ids_of,
 )
@@ -580,20 +581,6 @@ class Policy:
     def save(self, out_dir: str | Path, *, merged: bool = False) -> None:
         """Save the model and processor (a LoRA model: its adapter, or the merged model with ``merged``)."""
         save_model(unwrap(self.model), self.processor, out_dir, merged=merged)
-
-
-def no_kernel_swaps(model) -> bool:
-    """Turn off transformers' hub-kernel swapping on ``model`` (a model that runs on the CPU); True when
-    it was on. With the ``kernels`` package installed, transformers 5 loads every model with it on, and each
-    train() / eval() that changes the mode walks the whole model to swap layers for that mode's kernels:
-    1.7 ms per flip on the tiny VLM, four flips a GRPO step (rollout, training pass). Its kernel mapping has
-    no CPU layer, so on the CPU the walks swap nothing."""
-    base = unwrap(model)
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base  # LoRA: the wrapped model
-    if not getattr(base, "use_kernels", False) or not hasattr(base, "reset_kernels"):
-        return False
-    base.use_kernels = False  # transformers' setter: reset_kernels(), which restores any swapped layer
-    return True
 
 
 def _text_of(content: list[dict] | str) -> str:
