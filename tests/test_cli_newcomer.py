@@ -353,3 +353,15 @@ def test_several_values_after_one_set_get_a_hint(capsys, tmp_path):
         main(["demo", "--out", str(tmp_path), "--bogus"])
     err = capsys.readouterr().err
     assert "unrecognized arguments: --bogus" in err and "--set takes" not in err
+
+
+def test_a_demo_of_only_its_warm_start_ends_without_curves(tmp_path, capsys):
+    """``--set grpo.steps=0`` (the warm start alone, e.g. to see what it teaches) ends with its accuracy
+    lines; there are no GRPO steps to draw, so no curves.png (it used to fail on the empty metrics)."""
+    sets = ["grpo.steps=0", "warm_start.steps=2", "warm_start.check_tasks=0", "eval.episodes=4"]
+    sets.append("eval.batch_size=4")
+    argv = ["demo", "--task", "text_math", "--out", str(tmp_path), "--processes", "1", "--no-progress"]
+    assert main(argv + [a for s in sets for a in ("--set", s)]) == 0
+    out = capsys.readouterr().out
+    assert "demo: accuracy before=" in out and "0 GRPO steps" in out
+    assert (tmp_path / "run" / "demo.json").is_file() and not (tmp_path / "run" / "curves.png").exists()

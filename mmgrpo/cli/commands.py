@@ -373,11 +373,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def write_pictures(trainer, result, run_dir: Path) -> list[Path]:
-    """Learning curves, and what the model saw and said on the first held-out episodes."""
+    """Learning curves (a run of at least one GRPO step), and what the model saw and said on the first
+    held-out episodes."""
     from mmgrpo.env import message_images
     from mmgrpo.train.plots import plot_metrics, sample_grid
 
-    paths = [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")]
+    paths = [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")] if trainer.cfg.grpo.steps else []
     env = trainer.make_env()
     images, captions, correct = [], [], []
     for s in result.samples[:16]:
