@@ -123,16 +123,16 @@ def test_a_too_short_warm_start_stops_before_grpo_with_one_line(tiny_model_dir, 
     assert not (out / "final").exists()  # no GRPO ran
 
 
-def warm_start_until_step_4(policy, make_env, **settings) -> tuple[list[dict], list[int]]:
-    """``warm_start`` with small settings and a skill check that passes from step 4 on; returns the logged
-    records and the steps the check was asked at."""
+def warm_start_until_step_4(policy, make_env, passes=lambda step: step >= 4, **settings) -> tuple[list[dict], list[int]]:
+    """``warm_start`` with small settings and a skill check that passes from step 4 on (or when ``passes``
+    says so); returns the logged records and the steps the check was asked at."""
     from mmgrpo.train.warmstart import warm_start
 
     logged, asked = [], []
 
     def done(step: int) -> bool:
         asked.append(step)
-        return step >= 4
+        return passes(step)
 
     warm_start(
         policy,
@@ -268,34 +268,23 @@ def test_drills_resume_when_the_demonstrations_wore_the_skill_down(tiny_model_di
     from mmgrpo.train import warmstart
 
     policy = Policy.from_pretrained(tiny_model_dir)
-    made, asked, logged = [], [], []
+    made = []
     real = warmstart.demonstration_batch
 
     def spy(*args, bare=False, play=None, **kw):
         made.append("drill" if play is not None else "demo")
         return real(*args, bare=bare, play=play, **kw)
 
-    def done(step: int) -> bool:
-        asked.append(step)
-        return step == 4 or step >= 8 or (step == 6 and after_demos)
-
     monkeypatch.setattr(warmstart, "demonstration_batch", spy)
-    warmstart.warm_start(
+    logged, asked = warm_start_until_step_4(
         policy,
         ToolMathEnv,
+        passes=lambda step: step == 4 or step >= 8 or (step == 6 and after_demos),
         steps=2,
-        lr=1e-3,
-        batch_size=2,
         template="",
-        low=1,
-        high=5,
-        seed=0,
         source="env",
         drill_steps=10,
         check_every=1,
-        progress=False,
-        log=logged.append,
-        done=done,
     )
     phases = [r["phase"] for r in logged]
     if after_demos:  # the skill held: nothing more (the final check reuses the one at step 6)
