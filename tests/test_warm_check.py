@@ -123,7 +123,9 @@ def test_a_too_short_warm_start_stops_before_grpo_with_one_line(tiny_model_dir, 
     assert not (out / "final").exists()  # no GRPO ran
 
 
-def warm_start_until_step_4(policy, make_env, passes=lambda step: step >= 4, **settings) -> tuple[list[dict], list[int]]:
+def warm_start_until_step_4(
+    policy, make_env, passes=lambda step: step >= 4, **settings
+) -> tuple[list[dict], list[int]]:
     """``warm_start`` with small settings and a skill check that passes from step 4 on (or when ``passes``
     says so); returns the logged records and the steps the check was asked at."""
     from mmgrpo.train.warmstart import warm_start
