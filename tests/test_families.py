@@ -11,6 +11,7 @@ from mmgrpo.config.core import load_config
 from mmgrpo.envs.counting import CountingEnv
 from mmgrpo.envs.text_math import TextMathEnv
 from mmgrpo.model.batch import TokenBatch, pad_right
+from mmgrpo.model.head import plain_head
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import rollout
 from mmgrpo.tiny.families import FAMILIES, VISION_FAMILIES, build_tiny_family
@@ -216,7 +217,8 @@ def test_kept_cache_turns_equal_encoding_every_turn(family, monkeypatch):
 
 def test_shared_pass_with_tool_images_equals_full_forward(family):
     """Multi-turn episodes whose env turns bring images train in one batched pass on the group's shared
-    prompt cache: the same log-probs (1e-5) and gradients as one full forward per row."""
+    prompt cache: the same log-probs (1e-5) and gradients as one full forward per row; so does the head
+    run on the loss mask's positions only (``scored``), which leaves 0 on the env tokens."""
     from tests.test_multiturn import ZoomOnceEnv
 
     name, path = family
@@ -229,18 +231,27 @@ def test_shared_pass_with_tool_images_equals_full_forward(family):
     assert tok.has_response_images == (name in VISION_FAMILIES)
     mask = tok.loss_mask.bool()
     assert len(set(tok.response_mask.sum(dim=1).tolist())) > 1  # rows of different lengths
+    env_tokens = tok.response_mask.bool() & ~mask  # (N, T) the tools' results and the template
+    assert env_tokens.any()
+    assert plain_head(policy.model) is not None  # every family's head can run on the scored positions only
     results = []
-    for share, overhead in ((False, 0), (True, 10**6), (True, 0)):  # full; shared in one pass; per length
+    # full; shared in one pass; shared per length; then the head on the loss mask only, full and shared
+    cases = ((False, 0, None), (True, 10**6, None), (True, 0, None), (False, 0, mask), (True, 0, mask))
+    for share, overhead, scored in cases:
         policy.model.zero_grad()
         with _length_passes(overhead):
-            lp = policy.logprobs(tok, share_prompt=share)  # (N, T)
+            lp = policy.logprobs(tok, share_prompt=share, scored=scored)  # (N, T)
+        if scored is not None:  # the head never ran on the env tokens
+            assert (lp[env_tokens] == 0).all()
+        else:
+            assert (lp[env_tokens] != 0).all()
         torch.where(mask, lp, 0.0).sum().backward()
         grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
         results.append((torch.where(mask, lp, 0.0).detach(), grad))
-    (lp_full, g_full), *shared = results
-    for lp_shared, g_shared in shared:
-        torch.testing.assert_close(lp_shared, lp_full, atol=1e-5, rtol=1e-5)
-        assert (g_shared - g_full).norm() / g_full.norm() < 1e-5
+    (lp_full, g_full), *others = results
+    for lp_other, g_other in others:
+        torch.testing.assert_close(lp_other, lp_full, atol=1e-5, rtol=1e-5)
+        assert (g_other - g_full).norm() / g_full.norm() < 1e-5
 
 
 def _length_passes(overhead: int):

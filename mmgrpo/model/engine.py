@@ -32,6 +32,7 @@ from transformers.cache_utils import DynamicLayer
 from mmgrpo.model import lean, system_prefix
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
+from mmgrpo.model.head import HiddenBlock, final_hidden, plain_head
 from mmgrpo.model.prefix import SharedPrefix, plain_again, rows_of_cache, select_rows, selects_rows  # noqa: F401 (engine API)
 
 LEAN_DECODE = True
@@ -436,9 +437,9 @@ class LogitBlock:
     width: int
 
 
-def _logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> Tensor:
+def _logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device, head=None) -> Tensor:
     """One forward over prompt + response, (N, T + 1, V): column t predicts response token t (the last
-    column predicts nothing)."""
+    column predicts nothing); with ``head`` (``mmgrpo.model.head``) the final hidden states, (N, T + 1, H)."""
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (N, P + T)
     mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # (N, P + T)
     T = batch.response_ids.shape[1]
@@ -447,6 +448,8 @@ def _logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> 
     pos = adapter.positions_given_to_prefill(mask, vision, model)
     if pos is not None:
         kw["position_ids"] = pos.to(device)
+    if head is not None:
+        return final_hidden(model, head, **kw, logits_to_keep=T + 1, use_cache=False)  # (N, T + 1, H)
     return model(**kw, logits_to_keep=T + 1, use_cache=False).logits  # (N, T + 1, V)
 
 
@@ -455,16 +458,22 @@ def response_logits_full(model, adapter: CausalLMAdapter, batch: TokenBatch, dev
     return _logits_full(model, adapter, batch, device)[:, :-1, :]  # column P+t-1 predicts token t
 
 
-def response_blocks_full(model, adapter: CausalLMAdapter, batch: TokenBatch, device) -> list[LogitBlock]:
-    """``response_logits_full`` as one block, without the slice's copy."""
+def response_blocks_full(
+    model, adapter: CausalLMAdapter, batch: TokenBatch, device, scored: bool = False
+) -> list[LogitBlock | HiddenBlock]:
+    """``response_logits_full`` as one block, without the slice's copy; with ``scored``, as final hidden
+    states where the model's head allows (``mmgrpo.model.head``: only the scored positions get logits)."""
     N, T = batch.response_ids.shape
-    logits = _logits_full(model, adapter, batch, device)  # (N, T + 1, V)
-    return [LogitBlock(torch.arange(N), logits, 0, T)]
+    head = plain_head(model) if scored else None
+    out = _logits_full(model, adapter, batch, device, head)  # (N, T + 1, V) or (N, T + 1, H)
+    if head is not None:
+        return [HiddenBlock(torch.arange(N), out, 0, T, head)]
+    return [LogitBlock(torch.arange(N), out, 0, T)]
 
 
 def response_blocks_shared(
-    model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device, fixed: bool = False
-) -> list[LogitBlock]:
+    model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device, fixed: bool = False, scored: bool = False
+) -> list[LogitBlock | HiddenBlock]:
     """Encode each of the N/G distinct prompts once (their common opening once for all) and run the
     responses on its KV cache, images inside the responses (a tool's crop or zoom) included, their
     positions from ``adapter.block_positions``.
@@ -479,6 +488,8 @@ def response_blocks_shared(
 
     ``fixed``: exactly two forwards whatever the episodes (prompts encoded whole, one pass): DDP's
     reducer synchronises gradients correctly only when every process runs the same forwards.
+    ``scored``: the passes' blocks hold final hidden states where the model's head allows
+    (``mmgrpo.model.head``), so that only the positions scored later go through the head.
     """
     N, P = batch.prompt_ids.shape
     heads = list(range(0, N, G))  # first row of each group
@@ -489,6 +500,7 @@ def response_blocks_shared(
     )  # (B, V), B rows, (B,), (B, P')
     if not selects_rows(cache):  # a custom cache: one pass on the prompts repeated G times
         return _responses_on_repeated(model, adapter, batch, G, device)
+    head = plain_head(model) if scored else None
     group = torch.arange(N) // G  # (N,) each row's prompt (head)
     lengths = batch.response_mask.sum(dim=1)  # (N,)
     rv_all = batch.response_vision if batch.has_response_images else None
@@ -502,11 +514,12 @@ def response_blocks_shared(
         full_mask = torch.cat([layout[g], rmask.to(device)], dim=1)  # (n, P' + t)
         kw = adapter.forward_kwargs(ids, full_mask, rv, device, model_dtype(model))
         pos, _ = adapter.block_positions(model, ids, rmask, rv, start[g])
-        rest = model(
-            **kw, position_ids=pos.to(device), **{cache_kwarg(model): rows_of_cache(cache, g)}, use_cache=True
-        ).logits  # (n, t, V): column j predicts response token j + 1
+        kw.update(position_ids=pos.to(device), use_cache=True, **{cache_kwarg(model): rows_of_cache(cache, g)})
         blocks.append(LogitBlock(idx, first[g].unsqueeze(1), 0, 1))  # (n, 1, V)
-        blocks.append(LogitBlock(idx, rest, 1, t - 1))
+        if head is not None:  # (n, t, H): column j gives the logits of response token j + 1
+            blocks.append(HiddenBlock(idx, final_hidden(model, head, **kw), 1, t - 1, head))
+        else:  # (n, t, V): column j predicts response token j + 1
+            blocks.append(LogitBlock(idx, model(**kw).logits, 1, t - 1))
     return blocks
 
 

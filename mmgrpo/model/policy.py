@@ -530,17 +530,17 @@ class Policy:
         share_prompt: bool = True,
         with_entropy: bool = False,
         entropy_grad: bool = False,
+        scored: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Per-token log-probs of ``batch.response_ids`` under the policy (or the reference): (N, T).
 
-        Differentiable for the policy; no graph for the reference. Positions outside response_mask hold
-        garbage that callers mask out. When rows come in groups sharing a prompt (``prompt_index``) and
-        ``share_prompt`` is on, each prompt (and its images) is encoded once and its key/value cache is
-        repeated for the G responses: the same numbers and gradients, a fraction of the compute; responses
-        that hold images (tool results) run in the same batched pass on it, except in families whose
-        adapter says ``images_on_cache = False`` (one full forward per row there).
-        ``with_entropy`` also returns each position's entropy of softmax(logits / temperature), (N, T),
-        differentiable with ``entropy_grad`` (the entropy bonus), else without a graph (a metric).
+        Differentiable for the policy; no graph for the reference. Positions outside response_mask (and,
+        given ``scored`` (N, T) bool, the positions outside it) hold garbage that callers mask out: the
+        head then runs on the scored positions only where it can (``mmgrpo.model.head``). With
+        ``share_prompt`` and rows in groups sharing a prompt, each prompt (and its images) is encoded once
+        and the G responses run on its key/value cache, tool images included unless the adapter says
+        ``images_on_cache = False`` (one full forward per row there). ``with_entropy`` also returns each
+        position's entropy of softmax(logits / temperature), (N, T), differentiable with ``entropy_grad``.
         """
         model = self.model if (not reference or self.reference_is_base) else self.reference
         if model is None:
@@ -552,20 +552,18 @@ class Policy:
         images_ok = not batch.has_response_images or self.adapter.images_on_cache
         share = share_prompt and images_ok and not checkpointing and not self.lockstep
         G = batch.shared_prompt_runs() if share else 1
-        base_only = (
-            unwrap(model).disable_adapter()
-            if reference and self.reference_is_base
-            else contextlib.nullcontext()
-        )
+        base = reference and self.reference_is_base
+        base_only = unwrap(model).disable_adapter() if base else contextlib.nullcontext()
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()), base_only, self.autocast():
+            some = scored is not None and not self.lockstep  # sharded weights: the head runs inside forward
             if G > 1:  # under DDP a training pass keeps a fixed number of forwards on every process
                 fixed = unwrap(model) is not model and torch.is_grad_enabled()
-                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, fixed)
+                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, fixed, some)
             else:
-                blocks = engine.response_blocks_full(model, self.adapter, batch, self.device)
-            targets = batch.response_ids.to(self.device)  # (N, T)
+                blocks = engine.response_blocks_full(model, self.adapter, batch, self.device, some)
+            targets, where = batch.response_ids.to(self.device), scored.to(self.device) if some else None
             logp, ent = block_stats(
-                blocks, targets, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+                blocks, targets, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, scored=where
             )  # (N, T), (N, T) or None: the entropy of each step
             return (logp, ent) if with_entropy else logp
 

@@ -61,8 +61,9 @@ def reward_kl(
     with torch.no_grad(), policy.reference_on_device():
         for k in range(lockstep_passes(policy, accelerator, len(mbs))):
             rows, mb = (mbs[k], mb_tokens[k]) if k < len(mbs) else (mbs[0], mb_tokens[0])
-            now = policy.logprobs(mb, temperature=g.temperature)  # (n, t)
-            ref = policy.logprobs(mb, temperature=g.temperature, reference=True)  # (n, t)
+            scored = mb.loss_mask.bool()  # (n, t): log-probs read there only
+            now = policy.logprobs(mb, temperature=g.temperature, scored=scored)  # (n, t)
+            ref = policy.logprobs(mb, temperature=g.temperature, reference=True, scored=scored)  # (n, t)
             if k >= len(mbs):
                 continue  # a pass that only keeps this process in step with the others (sharded weights)
             mask = mb.loss_mask.to(now.device)
@@ -107,10 +108,11 @@ def update(
     spare = n_mb - len(mbs) if policy.lockstep else 0  # sharded weights: every process runs n_mb passes
     with torch.no_grad(), policy.reference_on_device():
         for mb in mb_tokens + mb_tokens[:1] * spare:
-            ref_lp.append(
-                policy.logprobs(mb, temperature=g.temperature, reference=True) if beta > 0 else None
-            )
-            old_lp.append(policy.logprobs(mb, temperature=g.temperature) if g.num_iterations > 1 else None)
+            scored = mb.loss_mask.bool()  # (n, t): the loss reads log-probs there only
+            ref = policy.logprobs(mb, temperature=g.temperature, reference=True, scored=scored) if beta > 0 else None
+            old = policy.logprobs(mb, temperature=g.temperature, scored=scored) if g.num_iterations > 1 else None
+            ref_lp.append(ref)
+            old_lp.append(old)
 
     stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     # bnpo: each micro-batch is a token mean; their average over the real micro-batches of every
@@ -126,8 +128,12 @@ def update(
             sync = contextlib.nullcontext() if k == n_mb - 1 else acc.no_sync(policy.model)
             with sync:
                 logp, entropy = policy.logprobs(
-                    mb, temperature=g.temperature, with_entropy=True, entropy_grad=g.entropy_coef > 0
-                )  # (n, t), (n, t)
+                    mb,
+                    temperature=g.temperature,
+                    with_entropy=True,
+                    entropy_grad=g.entropy_coef > 0,
+                    scored=mb.loss_mask.bool(),
+                )  # (n, t), (n, t): 0 outside the loss mask
                 if not real:  # a process with fewer micro-batches joins the others' gradient sync
                     acc.backward(logp.sum() * 0.0)
                     continue

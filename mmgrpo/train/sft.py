@@ -348,7 +348,7 @@ def eval_loss(policy: Policy, examples: Sequence[Example], batch_size: int) -> f
     total, count = 0.0, 0
     for i in range(0, len(examples), batch_size):
         batch = example_batch(policy, examples[i : i + batch_size])
-        logp = policy.logprobs(batch)  # (B, T)
+        logp = policy.logprobs(batch, scored=batch.loss_mask.bool())  # (B, T)
         n = int(batch.loss_mask.sum())
         total += float(masked_nll(logp, batch.loss_mask)) * n
         count += n
@@ -470,7 +470,7 @@ def run_sft(cfg: Config, policy: Policy | None = None, progress: bool = True) ->
                     if micro >= len(rows)
                     else batch.select(list(range(start, min(start + micro, len(rows)))))
                 )
-                part = masked_nll(policy.logprobs(mb), mb.loss_mask, num_tokens)
+                part = masked_nll(policy.logprobs(mb, scored=mb.loss_mask.bool()), mb.loss_mask, num_tokens)
                 accelerator.backward(part)
                 loss += float(part.detach())
             if not math.isfinite(loss):
