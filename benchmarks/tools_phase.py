@@ -13,7 +13,8 @@ that imports mmgrpo from its checkout (``PYTHONPATH``) and reads that checkout's
 runs alternate between checkouts (A, B, A, B, ...) so that the machine's noise hits them alike. Printed per
 checkout: the phase's seconds (the sum of the step times) for each round, their median, the rewards of the
 last 10 steps, and the ratio of each checkout's median to the first one's, as
-``tools_phase: <checkout> seconds=<s> speedup_vs_first=<x>`` lines.
+``tools_phase: <checkout> seconds=<s> speedup_vs_first=<x>`` lines. Each round also prints its process's
+CPU time over its wall time and the machine's load average, with a warning when something else ran.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+QUIET_LOAD = 1.3
+"""The 1-minute load average above which a round is said to be disturbed: the worker alone gives about
+1.0. Another process on the other core slows the worker too (shared caches and memory bandwidth): on a
+2-core machine the tools phase on 31c08d1 took 77.8-80.1 s beside a profiler and 69.1 s alone."""
 CONFIG = Path("examples") / "tools_math_tiny.yaml"
 
 WORKER = r"""
@@ -40,13 +45,14 @@ files = bind_plugins()
 from mmgrpo import Trainer, load_config  # the public API: the same on old checkouts
 config, sets, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 trainer = Trainer(load_config(config, sets), progress=False)
-times, rewards = [], []
+times, cpu, rewards = [], [], []
 for _ in range(steps):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     record = trainer.train_step()
     times.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
     rewards.append(float(record["reward"]))
-print("RESULT " + json.dumps({"times": times, "rewards": rewards, **files}))
+print("RESULT " + json.dumps({"times": times, "cpu": cpu, "rewards": rewards, **files}))
 """
 
 
@@ -121,11 +127,16 @@ def main(argv: list[str] | None = None) -> None:
             res = time_phase(c, model, work / f"run-{i}-r{r}", args.steps, args.seed)
             seconds[c].append(sum(res["times"]))
             rewards[c] = res["rewards"]
+            load = os.getloadavg()[0]  # one busy worker: about 1.0 on an otherwise idle machine
+            busy = sum(res.get("cpu", [])) / max(seconds[c][-1], 1e-9)  # < 1: the worker waited for a core
             print(
                 f"round {r + 1}/{args.rounds} {c} (mmgrpo {res['mmgrpo']}, envs {res['envs']}): "
-                f"{seconds[c][-1]:.1f} s",
+                f"{seconds[c][-1]:.1f} s (cpu/wall {busy:.2f}, load {load:.2f})",
                 flush=True,
             )
+            if load > QUIET_LOAD:
+                print(f"tools_phase: warning: load {load:.2f} > {QUIET_LOAD}: something else ran; the times "
+                      "are not comparable with a quiet machine's", flush=True)
     first = statistics.median(seconds[checkouts[0]])
     for c in checkouts:
         med = statistics.median(seconds[c])
