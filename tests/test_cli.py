@@ -233,3 +233,20 @@ def test_resume_without_a_checkpoint_says_so(tiny_model_dir, tmp_path, small_run
     assert "no such checkpoint folder" in capsys.readouterr().err
     assert main(["train", cfg, *sets, "--resume", "--overwrite"]) == 2
     assert "give one" in capsys.readouterr().err
+
+
+def test_no_progress_turns_off_the_libraries_bars_too(monkeypatch):
+    """--no-progress: transformers' own bars ("Loading weights", "Writing model shards") are off as well."""
+    from transformers.utils import logging as hf_logging
+
+    import mmgrpo.cli.app as app
+
+    seen = []
+    monkeypatch.setattr(app, "cmd_train", lambda args: seen.append(hf_logging.is_progress_bar_enabled()) or 0)
+    hf_logging.enable_progress_bar()  # an earlier test's --no-progress left them off in this process
+    try:
+        assert app.main(["train", "any.yaml"]) == 0
+        assert app.main(["train", "any.yaml", "--no-progress"]) == 0
+    finally:
+        hf_logging.enable_progress_bar()
+    assert seen == [True, False]

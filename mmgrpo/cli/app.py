@@ -166,6 +166,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def library_bars_off() -> None:
+    """``--no-progress`` covers the libraries' bars too: transformers' "Loading weights" / "Writing model
+    shards" and the hub's downloads (each printed one per load or save of a checkpoint)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. An input error prints one line (``mmgrpo: error: ...``) and exits 2; Ctrl-C outside
     training's own handling prints one line (what was kept) and exits 130; ``--debug`` (anywhere on the
@@ -184,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    if getattr(args, "no_progress", False):
+        library_bars_off()
     try:
         return args.fn(args)
     except MmgrpoError as exc:

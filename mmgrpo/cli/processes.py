@@ -91,6 +91,10 @@ def worker(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.no_progress:
+        from mmgrpo.cli.app import library_bars_off
+
+        library_bars_off()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     trainer = Trainer(load_config(args.config, args.set), progress=not args.no_progress)
     trainer.train()
