@@ -19,6 +19,7 @@ from mmgrpo.cli.commands import (
     cmd_sft,
     cmd_tiny_model,
     cmd_train,
+    library_bars_off,
 )
 from mmgrpo.cli.demo import DEMO_CONFIGS, cmd_demo
 from mmgrpo.errors import MmgrpoError
@@ -129,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --sees: run the perception pretraining here (20-30 s) instead of taking the shipped "
         "weights, which it reproduces bit for bit",
     )
+    sp.add_argument(
+        "--marks",
+        action="store_true",
+        help="with --sees: then teach it which cells hold a kind named before the image (about a minute; "
+        "what counting_hard needs)",
+    )
     sp.set_defaults(fn=cmd_tiny_model)
 
     sp = sub.add_parser("demo", help="build the tiny model, train it to count, evaluate before and after")
@@ -164,14 +171,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
     return value
-
-
-def library_bars_off() -> None:
-    """``--no-progress`` covers the libraries' bars too: transformers' "Loading weights" / "Writing model
-    shards" and the hub's downloads (each printed one per load or save of a checkpoint)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

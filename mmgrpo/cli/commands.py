@@ -21,6 +21,8 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model, count_parameters
 
     out_dir = Path(args.out_dir)
+    if args.marks and not args.sees:
+        raise MmgrpoError("--marks teaches a model that sees which cells hold a kind: give --sees too")
     if args.pretrain and not args.sees:
         raise MmgrpoError("--pretrain runs the perception pretraining of --sees: give both, or neither")
     if args.sees and args.text_only:
@@ -36,7 +38,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
             out = build_tiny_text_model(out_dir, seed=args.seed)
         else:
             spec = TinyModelSpec(seed=args.seed)
-            out = build_tiny_model(out_dir, spec, sees=args.sees, pretrain=args.pretrain)
+            out = build_tiny_model(out_dir, spec, sees=args.sees, pretrain=args.pretrain, marks=args.marks)
     except OSError as exc:  # nothing is left half-written: the model was built in OUT_DIR.partial
         raise write_error("the tiny model", out_dir, exc) from exc
     if args.text_only:
@@ -51,6 +53,8 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     print(f"tiny Qwen2.5-VL ({n / 1e6:.2f}M parameters) saved to {out}")
     if args.sees:
         print(f"perception pretraining: {perception_summary(out)}")
+    if args.marks:
+        print(f"marking pretraining: {marks_summary(out)}")
     return 0
 
 
@@ -79,6 +83,32 @@ def perception_summary(model_dir: Path) -> str:
         f"(colour {check['color_acc']:.2f}, shape {check['shape_acc']:.2f}), empty {check['empty_acc']:.2f}; "
         f"curve {picture}"
     )
+
+
+def marks_summary(model_dir: Path) -> str:
+    """Draw ``model_dir/marks.png`` from the marking pretraining's curve and say what it reached."""
+    from mmgrpo.train.plots import plot_metrics
+
+    done = json.loads((model_dir / "marks.json").read_text())
+    check, spec = done["check"], done["spec"]
+    picture = plot_metrics(
+        model_dir / "marks.jsonl",
+        model_dir / "marks.png",
+        keys=("mark_acc", "board_acc", "object_acc", "loss"),
+        header=f"marking pretraining (layer {spec['layer']})  ·  held-out boards every {spec['log_every']} steps",
+    )
+    return (
+        f"{spec['steps']} steps in {done['seconds']:.0f} s; held-out cells marked right {check['mark_acc']:.3f} "
+        f"(whole boards {check['board_acc']:.2f}), still named right {check['object_acc']:.2f}; curve {picture}"
+    )
+
+
+def library_bars_off() -> None:
+    """``--no-progress`` covers the libraries' bars too: transformers' "Loading weights" / "Writing model
+    shards" and the hub's downloads (each printed one per load or save of a checkpoint)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def write_error(what: str, path: Path, exc: OSError) -> MmgrpoError:

@@ -92,7 +92,7 @@ def worker(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.no_progress:
-        from mmgrpo.cli.app import library_bars_off
+        from mmgrpo.cli.commands import library_bars_off
 
         library_bars_off()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
