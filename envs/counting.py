@@ -103,6 +103,8 @@ class CountingEnv(SingleTurnEnv):
         object_scale: object size as a fraction of the cell side, in (0, 1] (default 0.7).
         system_prompt: the system message.
         question: the question template, formatted with ``color`` and ``shape``.
+        question_first: put the question before the image in the user message (default False: image
+            first). In a causal model the image's tokens then see which kind is asked about.
 
     ``reset`` info: ``answer`` (str), ``count`` (int), ``target`` (e.g. ``"red circle"``),
     ``num_distractors`` (int), ``boxes`` (the target objects' boxes ``[x0, y0, x1, y1]`` in pixels,
@@ -127,6 +129,7 @@ class CountingEnv(SingleTurnEnv):
         object_scale: float = 0.7,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         question: str = DEFAULT_QUESTION,
+        question_first: bool = False,
     ) -> None:
         self.grid = _int("grid", grid, 1)
         self.image_size = _int("image_size", image_size, 1)
@@ -187,6 +190,9 @@ class CountingEnv(SingleTurnEnv):
                 f"{{shape}}, e.g. {DEFAULT_QUESTION!r} ({type(e).__name__}: {e})"
             ) from None
         self.question = question
+        if not isinstance(question_first, bool):
+            raise ConfigError(f"CountingEnv(question_first={question_first!r}): expected true or false")
+        self.question_first = question_first
         if distractors > 0:
             for kind in product(self._target_shapes, self._target_colors):
                 if not self._other_kinds(kind):
@@ -276,7 +282,8 @@ class CountingEnv(SingleTurnEnv):
         draw = ImageDraw.Draw(image)
         boxes = [self._draw(draw, o["cell"], (o["shape"], o["color"])) for o in objects]
         question = self.question.format(color=color, shape=shape)
-        messages = [system(self.system_prompt), user(image_part(image), text_part(question))]
+        parts = (text_part(question), image_part(image)) if self.question_first else (image_part(image), text_part(question))
+        messages = [system(self.system_prompt), user(*parts)]
         info = {
             "answer": str(count),
             "count": count,

@@ -251,3 +251,14 @@ def test_defaults_give_the_scenes_of_before(kwargs, split, seed, question, count
 def test_bad_values_are_config_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         hard_env(**kwargs)
+
+
+def test_question_first_puts_the_question_before_the_image_and_changes_nothing_else():
+    a, b = hard_env(), hard_env(question_first=True)
+    ta, tb = a.make_task(3, "train"), b.make_task(3, "train")
+    kinds = [[p["type"] for p in t.messages[1]["content"]] for t in (ta, tb)]
+    assert kinds == [["image", "text"], ["text", "image"]]
+    assert ta.info == tb.info and ta.messages[1]["content"][1] == tb.messages[1]["content"][0]
+    assert np.array_equal(np.asarray(ta.messages[1]["content"][0]["image"]), np.asarray(tb.messages[1]["content"][1]["image"]))
+    with pytest.raises(ConfigError, match="question_first"):
+        hard_env(question_first="yes")
