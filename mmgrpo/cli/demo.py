@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from mmgrpo.cli.commands import Interrupted, perception_summary, write_error, write_pictures
+from mmgrpo.cli.commands import Interrupted, marks_summary, perception_summary, write_error, write_pictures
 from mmgrpo.cli.threads import set_cpu_threads
 from mmgrpo.errors import MmgrpoError
 
@@ -22,6 +22,7 @@ DEMO_CONFIGS = {
 TEXT_ONLY_DEMOS = {"text_math"}  # built on the tiny text-only causal LM, not the tiny VLM
 # on the tiny VLM after its perception pretraining (tiny-model --sees)
 SEEING_DEMOS = {"counting", "counting_hard"}
+MARKING_DEMOS = {"counting_hard"}  # ... and then taught which cells hold a kind named before the image
 DEMO_CONFIG = DEMO_CONFIGS["counting"]
 
 
@@ -75,7 +76,9 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
     set_cpu_threads(args.threads)
     text_only = args.task in TEXT_ONLY_DEMOS and not args.config
     sees = args.task in SEEING_DEMOS and not args.config
-    model_dir = out / ("tiny-text-model" if text_only else "tiny-model-sees" if sees else "tiny-model")
+    marks = sees and args.task in MARKING_DEMOS
+    name = "tiny-text-model" if text_only else "tiny-model-marks" if marks else "tiny-model-sees" if sees else "tiny-model"
+    model_dir = out / name
     if not is_model_dir(model_dir):
         try:
             if text_only:
@@ -83,13 +86,15 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
 
                 build_tiny_text_model(model_dir)
             else:
-                build_tiny_model(model_dir, sees=sees)
+                build_tiny_model(model_dir, sees=sees, marks=marks)
         except OSError as exc:
             raise write_error("the tiny model", model_dir, exc) from exc
         what = "text-only Qwen2" if text_only else "Qwen2.5-VL"
         print(f"demo: built the tiny {what} in {model_dir}", flush=True)
         if sees:
             print(f"demo: perception pretraining: {perception_summary(model_dir)}", flush=True)
+        if marks:
+            print(f"demo: marking pretraining: {marks_summary(model_dir)}", flush=True)
     config = Path(args.config) if args.config else _find_demo_config(args.task)
     overrides = [f"model.path={model_dir}", f"output_dir={out / 'run'}", *args.set]
     cfg = load_config(config, overrides)

@@ -289,6 +289,7 @@ def build_tiny_model(
     sees: bool = False,
     perception=None,
     pretrain: bool = False,
+    marks: bool = False,
 ) -> Path:
     """Build and save the tiny model, tokenizer and processor to ``out_dir``; returns the path.
 
@@ -296,6 +297,7 @@ def build_tiny_model(
     a PerceptionSpec) before the folder is put in place: the shipped result of it for the default
     settings (a second), else (or with ``pretrain``) the pretraining itself (20-30 s); without ``sees`` the
     model is blind (a random vision encoder nothing has learnt to read), which most tests want.
+    ``marks`` (with ``sees``): then the marking pretraining of ``mmgrpo.tiny.marks`` too (about a minute).
     Deterministic: the same spec (seed included) gives byte-identical weights and tokenizer files.
     """
     import torch
@@ -324,6 +326,10 @@ def build_tiny_model(
                 take_shipped(folder)
             else:
                 pretrain_perception(folder, perception)
+            if marks:
+                from mmgrpo.tiny.marks import pretrain_marks
+
+                pretrain_marks(folder)
 
     return save_whole(out_dir, write)
 
