@@ -2,7 +2,7 @@
 
 Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, text_math, tools and tools_lookup
 demos after the fast tests). On 2 CPU cores: counting about 3 minutes, text_math about 2, tools about 6,
-tools_lookup about 12.
+tools_lookup about 12, counting_hard about 7.
 `--demo-set KEY=VALUE` adds an override to every demo here, e.g. `--demo-set seed=1`, or
 `--demo-set grpo.steps=5` to see a demo fall short and its test fail.
 """
@@ -66,6 +66,8 @@ def test_demo_learns_addition_on_the_text_model(tmp_path, capsys, demo_sets):
 
 @pytest.mark.slow
 def test_demo_counts_one_named_kind_among_distractors(tmp_path, capsys, demo_sets):
-    """Not in .ci/run: counting_hard does not learn yet (0.17 -> 0.40 measured; its own issue)."""
+    """The model that sees, then its marking pretraining (mmgrpo/tiny/marks.py), the question before the
+    image: the format warm start leaves it at chance, GRPO must reach 0.90. Not in .ci/run: seed 0 ended at
+    0.810 and, with 2000 steps, 0.590 (its own issue)."""
     summary = run_demo("counting_hard", tmp_path, capsys, demo_sets)
-    assert summary["after"] >= 0.90 and summary["after"] - summary["before"] >= 0.50, summary
+    assert summary["before"] <= 0.30 and summary["after"] >= 0.90, summary

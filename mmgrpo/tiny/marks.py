@@ -31,8 +31,6 @@ for bit on one kind of CPU.
 
 from __future__ import annotations
 
-import json
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -51,8 +49,11 @@ from mmgrpo.tiny.perception import (
     check_scenes,
     cpu_kind,
     draw_scene,
+    lr_scale,
+    optimizer_step,
     perception_loss,
     word_ids,
+    write_curve,
 )
 
 PHRASES = ("Find the {color} {shape}s.", "Where are the {color} {shape}s?", "Mark the {color} {shape}s.", "Look for {color} {shape}s.")
@@ -215,19 +216,15 @@ def pretrain_marks(
                         progress(step, records[-1])
                 if step == spec.steps:
                     break
-                warm = min(1.0, (step + 1) / spec.warmup_steps)
                 for group in optimizer.param_groups:
-                    group["lr"] = spec.lr * warm * 0.5 * (1 + math.cos(math.pi * step / spec.steps))
+                    group["lr"] = spec.lr * lr_scale(step, spec.steps, spec.warmup_steps)
                 scenes = [draw_mark_scene(rng) for _ in range(spec.batch_size)]
                 logits = batcher.logits(model, batcher.inputs(scenes), spec.layer)  # (B, cells, 2)
                 loss = F.cross_entropy(logits.flatten(0, 1), batcher.targets(scenes).flatten())
                 if step % spec.describe_every == 0:
                     boards = [draw_scene(rng) for _ in range(spec.batch_size // 2)]
                     loss = loss + perception_loss(describe.logits(model, describe.inputs(boards)), describe.targets(boards))
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
+                optimizer_step(model, optimizer, loss)
                 records[-1].setdefault("loss", float(loss.detach()))
     finally:
         torch.set_num_threads(threads)
@@ -247,7 +244,5 @@ def pretrain_marks(
         "phrases": list(PHRASES),
         "cpu": cpu_kind(),
     }
-    (model_dir / "marks.json").write_text(json.dumps(summary, indent=2) + "\n")
-    with open(model_dir / "marks.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    write_curve(model_dir, "marks", summary, records)
     return summary

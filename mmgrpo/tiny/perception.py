@@ -226,19 +226,11 @@ def pretrain_perception(
                         progress(step, record)
                 if step == spec.steps:
                     break
-                scale = (
-                    min(1.0, (step + 1) / spec.warmup_steps)
-                    * 0.5
-                    * (1 + math.cos(math.pi * step / spec.steps))
-                )
                 for group in optimizer.param_groups:
-                    group["lr"] = spec.lr * scale
+                    group["lr"] = spec.lr * lr_scale(step, spec.steps, spec.warmup_steps)
                 scenes = [draw_scene(rng, max_objects=spec.max_objects) for _ in range(spec.batch_size)]
                 loss = perception_loss(batcher.logits(model, batcher.inputs(scenes)), batcher.targets(scenes))
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
+                optimizer_step(model, optimizer, loss)
                 records[-1].setdefault("loss", float(loss.detach()))
     finally:
         torch.set_num_threads(threads)
@@ -261,10 +253,30 @@ def pretrain_perception(
         "shapes": list(SHAPES),
         "cpu": cpu_kind(),
     }
-    (model_dir / "perception.json").write_text(json.dumps(summary, indent=2) + "\n")
-    with open(model_dir / "perception.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    write_curve(model_dir, "perception", summary, records)
     return summary
+
+
+def lr_scale(step: int, steps: int, warmup_steps: int) -> float:
+    """The pretrainings' schedule: a linear warmup over ``warmup_steps``, times a cosine from 1 to 0."""
+    return min(1.0, (step + 1) / warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+
+def optimizer_step(model, optimizer, loss) -> None:
+    """One step of the pretrainings: gradients of ``loss``, clipped to norm 1."""
+    import torch
+
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+
+
+def write_curve(model_dir: Path, name: str, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """``NAME.json`` (settings, check) and ``NAME.jsonl`` (the curve, in a run's metrics layout)."""
+    (model_dir / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with open(model_dir / f"{name}.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def cpu_kind() -> str:
