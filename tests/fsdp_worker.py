@@ -67,6 +67,8 @@ def main(out: Path, config: str, args: list[str]) -> None:
     trainer.train()
     if trainer.lockstep is not None:  # this process's forwards in rollouts: its own, and padding ones
         seen["forwards"] = (trainer.lockstep.real, trainer.lockstep.padding)
+    if torch.cuda.is_available():  # the process's peak GPU memory over the whole run
+        seen["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
     seen["final"] = fsdp.full_state_dict(model)  # the gathered weights the final folder should hold
     torch.save(seen, out / f"rank{trainer.rank}.pt")
 

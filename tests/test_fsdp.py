@@ -192,6 +192,81 @@ def test_fsdp_vision_run_shards_matches_one_process_resumes_exactly_and_reloads(
     assert any(not torch.equal(loaded[k], start[k]) for k in start)  # trained
 
 
+def launched_run_check(
+    out: Path, model_dir: Path, launcher: list[str], world: int, extra: list[str], *, exact: bool = True
+) -> dict:
+    """The counting config with sharded weights, started by ``launcher`` (a command that runs a script on
+    ``world`` processes: `accelerate launch` with examples/accelerate/fsdp.yaml on GPUs, torchrun on the
+    CPU): 3 GRPO steps, each process holding ceil(d0 / world) rows of every parameter and of the reference;
+    the same run SIGKILLed right after step 2's checkpoint and resumed from it repeats step 3 (exactly, or
+    within 1e-3 where ``exact`` is False: GPU kernels may add in another order) and ends with the same
+    weights when exact; the final folder loads with from_pretrained and holds the gathered weights.
+    Returns figures for a report (seconds per launch, bytes held, the largest difference on resume)."""
+    import time
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    config = ROOT / "examples" / "counting_tiny.yaml"
+    sets = [f"model.path={model_dir}", *STEPS, f"grpo.tasks_per_step={4 * world}", *extra]
+    sets += ["grpo.micro_batch_size=8", "grpo.eval_every=1", "grpo.eval_episodes=8", "grpo.save_every=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    worker = [str(ROOT / "tests" / "fsdp_worker.py")]
+
+    def launch(run: Path, *args: str) -> subprocess.CompletedProcess:
+        run.mkdir(parents=True, exist_ok=True)
+        cmd = [*launcher, *worker, str(run), str(config), *sets, f"output_dir={run / 'run'}", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=run)
+
+    t0 = time.perf_counter()
+    res = launch(out / "a")
+    seconds = time.perf_counter() - t0
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    warning = next((x for x in res.stderr.splitlines() if "shards nothing" in x), "")
+    r0 = torch.load(out / "a" / "rank0.pt", weights_only=False, map_location="cpu")
+    assert r0["world"] == world
+    for shapes in (r0["shards"], r0["reference_shards"]):
+        for name, (local, full) in shapes.items():
+            assert local[1:] == full[1:] and local[0] in (-(-full[0] // world), full[0] // world), name
+    records = _records(out / "a" / "run")
+    assert [r["step"] for r in records] == [1, 2, 3] and all("eval_accuracy" in r for r in records)
+
+    crashed = out / "b"
+    res = launch(crashed, "--kill-after", "2")
+    assert res.returncode != 0 and not (crashed / "run" / "checkpoint-3").exists()
+    ckpt = crashed / "run" / "checkpoint-2"
+    assert (ckpt / "fsdp_shards" / ".metadata").is_file()
+    res = launch(crashed, "--resume", str(ckpt))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    again = _records(crashed / "run")
+    assert [r.keys() for r in again] == [r.keys() for r in records]  # steps 1-3, the same metrics
+    pairs = zip(records, again, strict=True)
+    numbers = [(k, a[k], b[k]) for a, b in pairs for k in a if isinstance(a[k], float)]
+    worst = max(abs(x - y) for _, x, y in numbers)
+    final = load_file(str(out / "a" / "run" / "final" / "model.safetensors"))
+    resumed = load_file(str(crashed / "run" / "final" / "model.safetensors"))
+    if exact:
+        assert again == records  # step 3 repeated exactly (and steps 1-2 kept)
+        assert all(torch.equal(final[k], resumed[k]) for k in final)
+    else:
+        assert worst < 1e-3, [(k, x, y) for k, x, y in numbers if abs(x - y) >= 1e-3]
+    model = AutoModelForImageTextToText.from_pretrained(out / "a" / "run" / "final")
+    loaded = model.state_dict()
+    start = AutoModelForImageTextToText.from_pretrained(model_dir).state_dict()
+    assert all(torch.equal(loaded[k], r0["final"][k].to(loaded[k].dtype)) for k in r0["final"])
+    assert any(not torch.equal(loaded[k], start[k]) for k in start)  # trained
+    return {
+        "world": world,
+        "warning": warning,
+        "seconds_3_steps": round(seconds, 1),
+        "held_bytes": r0["held"],
+        "peak_gpu_gib": round(r0.get("peak_gpu_bytes", float("nan")) / 2**30, 3),
+        "resume_worst_diff": worst,
+        "eval_accuracy": [r["eval_accuracy"] for r in records],
+    }
+
+
 def _check_lockstep(out: Path, config: Path, sets: list[str], gathered: list[dict]) -> None:
     """The same run with model.fsdp_rollout=lockstep (rollouts and evaluations on the shards): the same
     records as on gathered weights (same samples, same losses), every process running as many forwards in
@@ -244,3 +319,14 @@ def test_fsdp_multi_turn_tools_and_text_lm_train_and_match_one_process(tiny_mode
         if name == "tools":
             assert max(r["turns"] for r in records) > 1.2  # episodes with tool results in them
             _check_lockstep(tmp_path / "tools-lockstep", config, sets, records)
+
+
+@pytest.mark.slow
+def test_fsdp_on_one_launched_process_runs_resumes_and_reloads(warm_model_dir, tmp_path):
+    """model.fsdp on one process started by torchrun: nothing is sharded (every shard is the whole
+    tensor), but the units, collectives, sharded checkpoints and the gathered final folder all run, as on
+    one GPU with accelerate's FSDP config (tests/test_gpu.py runs that one); it resumes exactly."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    report = launched_run_check(tmp_path, warm_model_dir, launcher, 1, ["model.fsdp=true"])
+    assert "model.fsdp=true on 1 process: FSDP runs" in report["warning"]
+    assert report["held_bytes"]["params"] > 0

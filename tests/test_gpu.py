@@ -1,5 +1,6 @@
 """The CUDA path: 5 GRPO steps of a randomly initialised Qwen2.5-VL of about 0.5B parameters in bf16, with
-and without LoRA; reports generation and training tokens per second and peak GPU memory.
+and without LoRA; reports generation and training tokens per second and peak GPU memory. Then FSDP2
+through accelerate's FSDP config (examples/accelerate/fsdp.yaml) on every GPU: 3 steps, a resume, a reload.
 
     python -m pytest -m gpu -s tests/test_gpu.py
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +106,31 @@ def test_five_bf16_steps(model_dir, tmp_path, lora):
     assert all(p.dtype == torch.float32 for p in trainer.policy.model.parameters() if p.requires_grad)
     if not DRYRUN:
         assert 0.4e9 < params < 0.7e9
+
+
+def test_fsdp_through_accelerates_fsdp_config(warm_model_dir, tmp_path):
+    """`accelerate launch --config_file examples/accelerate/fsdp.yaml` on every GPU of the machine (FSDP2
+    through accelerate's plugin, bf16): 3 GRPO steps of the counting config on the tiny VLM, each process
+    holding 1/N of every parameter, a SIGKILL after step 2's checkpoint and a resume that repeats step 3
+    (within 1e-3: GPU kernels may add in another order), and a final folder that from_pretrained loads.
+    On one GPU nothing is sharded, but the plugin, the units, NCCL, the sharded checkpoint and the gathering
+    all run. The dry run starts one CPU process with torchrun and model.fsdp=true instead."""
+    from test_fsdp import launched_run_check
+
+    root = Path(__file__).resolve().parent.parent
+    if DRYRUN:
+        world, extra = 1, ["model.fsdp=true"]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    elif not torch.cuda.is_available():
+        pytest.skip("no CUDA device (set MMGRPO_GPU_DRYRUN=1 to run this test on the CPU)")
+    else:
+        world, extra = torch.cuda.device_count(), ["model.device=cuda", "model.dtype=bfloat16"]
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(world)]
+        launcher += ["--config_file", str(root / "examples" / "accelerate" / "fsdp.yaml")]
+        launcher += ["--main_process_port", "0"]
+    report = launched_run_check(tmp_path, warm_model_dir, launcher, world, extra, exact=DRYRUN)
+    line = "gpu-fsdp: " + json.dumps(report)
+    print(line)
+    if path := os.environ.get("MMGRPO_GPU_REPORT"):
+        with open(path, "a") as f:
+            f.write(line + "\n")

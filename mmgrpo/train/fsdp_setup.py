@@ -4,6 +4,7 @@ policy and its KL reference at start (the mechanics are ``mmgrpo.train.fsdp``)."
 from __future__ import annotations
 
 import copy
+import warnings
 
 from mmgrpo.config.core import Config
 from mmgrpo.errors import ConfigError
@@ -32,10 +33,16 @@ def wanted(cfg: Config, accelerator) -> bool:
             f"{where}: this torch has no FSDP2 (it needs torch.distributed and "
             "torch.distributed.fsdp.fully_shard): install torch==2.14.1, or set model.fsdp=false"
         )
-    if world < 2:
+    if world < 2 and not _joined_process_group():
         raise ConfigError(
             f"{where}: FSDP shards the weights over processes, and this run has {world}: start it with "
             "`accelerate launch --num_processes N -m mmgrpo train ...` (N >= 2), or set model.fsdp=false"
+        )
+    if world < 2:  # launched (accelerate launch / torchrun) on one process: a check of the setup
+        warnings.warn(
+            f"{where} on 1 process: FSDP runs (units, collectives, sharded checkpoints) but shards nothing, "
+            "so each process holds the whole model; launch N >= 2 processes to divide its memory",
+            stacklevel=2,
         )
     if cfg.model.lora is not None:
         raise ConfigError(
@@ -59,6 +66,13 @@ def wanted(cfg: Config, accelerator) -> bool:
             f"grpo.tasks_per_step={g.tasks_per_step} must be a multiple of the {world} processes"
         )
     return True
+
+
+def _joined_process_group() -> bool:
+    """True when this process was started by a launcher and joined a process group (of any size)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def shard_policy(cfg: Config, accelerator, policy: Policy) -> None:
