@@ -63,10 +63,16 @@ def test_train_two_steps_then_eval(tiny_model_dir, tmp_path, capsys, small_run, 
 
     capsys.readouterr()
     assert main(["eval", cfg, "--model", str(final), *sets, "--no-progress"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = capsys.readouterr().out.strip().splitlines()
+    last = printed[-1]
     assert last.startswith("accuracy: ") and last.endswith("(n=6)")
     result = json.loads((final / "eval.json").read_text())
     assert result["n"] == 6 and f"{result['accuracy']:.3f}" in last
+    # counting's answers are a few small numbers: the table of answers given, per true answer
+    assert sum(n for row in result["answers"].values() for n in row.values()) == 6
+    assert all(1 <= int(true) <= 9 for true in result["answers"])
+    assert "  answers given (the true answer: the model's answers, most given first):" in printed
+    assert sum(line.startswith("    true ") for line in printed) == len(result["answers"])
 
 
 def test_same_config_and_seed_give_the_same_run(tiny_model_dir, tmp_path, small_run):

@@ -349,7 +349,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mmgrpo.config.core import load_config
-    from mmgrpo.rollout.evaluation import evaluate_config, write_eval, write_transcripts
+    from mmgrpo.rollout.evaluation import answer_table_lines, evaluate_config, write_eval, write_transcripts
     from mmgrpo.train.trainer import build_env_factory, build_rewards, eval_metric, load_policy
 
     cfg = load_config(args.config, args.set)
@@ -363,6 +363,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"  {name}: {v:.3f}")
     for name, v in result.episode_metrics.items():
         print(f"  {name}: {v:.3f}")
+    if result.answers:
+        print("  answers given (the true answer: the model's answers, most given first):")
+        for line in answer_table_lines(result.answers):
+            print(f"    {line}")
     accuracy = f"accuracy: {result.accuracy:.3f} (n={result.n})"  # the last line, whatever happens next
     # next to the model; a hub id has no folder here, so the run directory takes it
     where = args.model if Path(args.model).is_dir() else cfg.output_dir
@@ -406,9 +410,11 @@ def write_pictures(trainer, result, run_dir: Path) -> list[Path]:
     """Learning curves (a run of at least one GRPO step), and what the model saw and said on the first
     held-out episodes."""
     from mmgrpo.env import message_images
-    from mmgrpo.train.plots import plot_metrics, sample_grid
+    from mmgrpo.train.plots import answer_grid, plot_metrics, sample_grid
 
-    paths = [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")] if trainer.cfg.grpo.steps else []
+    paths = (
+        [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")] if trainer.cfg.grpo.steps else []
+    )
     env = trainer.make_env()
     images, captions, correct = [], [], []
     for s in result.samples[:16]:
@@ -421,6 +427,8 @@ def write_pictures(trainer, result, run_dir: Path) -> list[Path]:
         correct.append(s["score"] >= 0.5)
     if images:
         paths.append(sample_grid(images, captions, correct, run_dir / "samples.png", columns=8))
+    if result.answers:
+        paths.append(answer_grid(result.answers, run_dir / "answers.png", "held-out answers after GRPO"))
     return paths
 
 

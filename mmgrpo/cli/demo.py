@@ -77,7 +77,15 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
     text_only = args.task in TEXT_ONLY_DEMOS and not args.config
     sees = args.task in SEEING_DEMOS and not args.config
     marks = sees and args.task in MARKING_DEMOS
-    name = "tiny-text-model" if text_only else "tiny-model-marks" if marks else "tiny-model-sees" if sees else "tiny-model"
+    name = (
+        "tiny-text-model"
+        if text_only
+        else "tiny-model-marks"
+        if marks
+        else "tiny-model-sees"
+        if sees
+        else "tiny-model"
+    )
     model_dir = out / name
     if not is_model_dir(model_dir):
         try:
@@ -148,12 +156,18 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
         "grpo_seconds": grpo_seconds,
         "tool_use_before": before.episode_metrics,
         "tool_use_after": after.episode_metrics,
+        "answers_before": before.answers,
+        "answers_after": after.answers,
     }
     (run_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from mmgrpo.rollout.evaluation import answer_table_lines, write_transcripts
+
     pictures = write_pictures(trainer, after, run_dir)
     print("demo: pictures " + ", ".join(str(p) for p in pictures), flush=True)
-    from mmgrpo.rollout.evaluation import write_transcripts
-
+    if after.answers:  # tasks with a few short answers: which ones the model gives, per true answer
+        print("demo: held-out answers after GRPO (the true answer: the model's, most given first)")
+        for line in answer_table_lines(after.answers):
+            print(f"demo:   {line}", flush=True)
     if (folder := write_transcripts(after, run_dir)) is not None:
         print(f"demo: held-out transcripts in {folder}" + _tool_use(after), flush=True)
     print(

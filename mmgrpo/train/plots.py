@@ -413,3 +413,68 @@ def save_image(image: Image.Image, out_path: str | Path) -> Path:
             partial.unlink()
         raise
     return out
+
+
+def _same_answer(true: str, given: str) -> bool:
+    if _is_number(true) and _is_number(given):
+        return float(true) == float(given)
+    return true.strip() == given.strip()
+
+
+def answer_grid(table: dict[str, dict[str, int]], out_path: str | Path, title: str = "answers given") -> Path:
+    """The answer table of an evaluation (``mmgrpo.rollout.evaluation.answer_table``) as a picture: a row
+    per true answer, a column per answer given, each cell shaded by its share of the row and labelled with
+    its count; cells where the answer is right are framed green. A collapse shows as a few dark columns
+    and empty green cells (answers never given)."""
+    if not table:
+        raise DataError("answer_grid: an empty answer table; evaluate a task with a few short answers.")
+    given: list[str] = list(table)  # every true answer has its column, given or not
+    for row in table.values():
+        given += [g for g in row if g not in given]
+    given.sort(key=lambda g: (0, float(g), "") if _is_number(g) else (1, 0.0, g))
+    cell, left, top, pad = 40, 90, 58, 10
+    font, small = _font(14), _font(12)
+    heading = f"{title} (rows: the true answer; columns: the model's)"
+    width = max(left + cell * len(given), round(_text_width(font, heading))) + pad
+    height = top + cell * len(table) + pad
+    image = Image.new("RGB", (width, height), WHITE)
+    draw = ImageDraw.Draw(image)
+    draw.text((pad, 6), heading, fill=TEXT, font=font)
+    for j, g in enumerate(given):
+        label = _truncate(g, small, cell - 2)
+        draw.text(
+            (left + j * cell + (cell - _text_width(small, label)) / 2, top - 18),
+            label,
+            fill=MUTED,
+            font=small,
+        )
+    for i, (true, row) in enumerate(table.items()):
+        y = top + i * cell
+        total = sum(row.values())
+        draw.text(
+            (pad, y + cell / 2 - 8),
+            _truncate(f"{true} (n={total})", small, left - pad),
+            fill=TEXT,
+            font=small,
+        )
+        for j, g in enumerate(given):
+            x, n = left + j * cell, row.get(g, 0)
+            box = [(x, y), (x + cell - 2, y + cell - 2)]
+            right = _same_answer(true, g)
+            draw.rectangle(box, fill=_blend(PALETTE[0], n / total), outline=CORRECT_COLOUR if right else GRID)
+            if right:
+                draw.rectangle(box, outline=CORRECT_COLOUR, width=2)
+            if n:
+                text = str(n)
+                colour = WHITE if n / total > 0.5 else TEXT
+                tx = x + (cell - 2 - _text_width(small, text)) / 2
+                draw.text((tx, y + cell / 2 - 8), text, fill=colour, font=small)
+    return save_image(image, out_path)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
