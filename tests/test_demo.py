@@ -35,6 +35,12 @@ def test_demo_learns_to_count(tmp_path, capsys, demo_sets):
     summary = run_demo("counting", tmp_path, capsys, demo_sets)
     assert summary["after"] >= 0.95, summary
     assert summary["after"] - summary["before"] >= 0.50, summary
+    # the answer table agrees with the accuracy: its right cells hold the correct episodes
+    table = summary["answers_after"]
+    right = sum(n for true, row in table.items() for given, n in row.items() if given == true)
+    assert sum(n for row in table.values() for n in row.values()) == summary["n"]
+    assert right == round(summary["after"] * summary["n"]), table
+    assert (tmp_path / "run" / "answers.png").is_file()
 
 
 @pytest.mark.slow
