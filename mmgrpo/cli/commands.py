@@ -412,9 +412,7 @@ def write_pictures(trainer, result, run_dir: Path) -> list[Path]:
     from mmgrpo.env import message_images
     from mmgrpo.train.plots import answer_grid, plot_metrics, sample_grid
 
-    paths = (
-        [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")] if trainer.cfg.grpo.steps else []
-    )
+    paths = [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")] if trainer.cfg.grpo.steps else []
     env = trainer.make_env()
     images, captions, correct = [], [], []
     for s in result.samples[:16]:

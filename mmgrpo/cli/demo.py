@@ -77,15 +77,7 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
     text_only = args.task in TEXT_ONLY_DEMOS and not args.config
     sees = args.task in SEEING_DEMOS and not args.config
     marks = sees and args.task in MARKING_DEMOS
-    name = (
-        "tiny-text-model"
-        if text_only
-        else "tiny-model-marks"
-        if marks
-        else "tiny-model-sees"
-        if sees
-        else "tiny-model"
-    )
+    name = "tiny-text-model" if text_only else "tiny-model-marks" if marks else "tiny-model-sees" if sees else "tiny-model"
     model_dir = out / name
     if not is_model_dir(model_dir):
         try:

@@ -294,15 +294,10 @@ class QwenVLAdapter(VisionLanguageAdapter):
         so this equals the positions of those tokens in the whole sequence."""
         if vision.empty or not self.uses_mrope(model):
             return super().block_positions(model, ids, mask, vision, start)
-        grids = {
-            k: vision.stacked(k).cpu() for k in ("image_grid_thw", "video_grid_thw") if k in vision.keys()
-        }
+        grids = {k: vision.stacked(k).cpu() for k in ("image_grid_thw", "video_grid_thw") if k in vision.keys()}
         ids, mask = ids.cpu(), mask.cpu()
         rel, delta = _inner_model(model).get_rope_index(
-            ids,
-            mm_token_type_ids=self.token_type_kwargs(ids)["mm_token_type_ids"],
-            attention_mask=mask,
-            **grids,
+            ids, mm_token_type_ids=self.token_type_kwargs(ids)["mm_token_type_ids"], attention_mask=mask, **grids
         )  # (3, n, W), (n, 1): delta = largest position + 1 - real tokens
         start = start.cpu()
         after = start + mask.long().sum(dim=1) + delta.reshape(-1).cpu()  # (n,)

@@ -155,9 +155,7 @@ class LeanStep:
         own = mask[:, prefix.length :].bool()  # (N, R + W)
         R = own.shape[1] - W
         causal = torch.ones((W, W), dtype=torch.bool, device=own.device).tril()  # (W, W): t sees <= t
-        allowed = torch.cat(
-            [own[:, None, :R].expand(N, W, R), own[:, None, R:] & causal], dim=2
-        )  # (N, W, R+W)
+        allowed = torch.cat([own[:, None, :R].expand(N, W, R), own[:, None, R:] & causal], dim=2)  # (N, W, R+W)
         neg = torch.finfo(h.dtype).min
         bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, neg)
         norm = self.norm

@@ -558,19 +558,12 @@ class Policy:
             some = scored is not None and not self.lockstep  # sharded weights: the head runs inside forward
             if G > 1:  # under DDP a training pass keeps a fixed number of forwards on every process
                 fixed = unwrap(model) is not model and torch.is_grad_enabled()
-                blocks = engine.response_blocks_shared(
-                    model, self.adapter, batch, G, self.device, fixed, some
-                )
+                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, fixed, some)
             else:
                 blocks = engine.response_blocks_full(model, self.adapter, batch, self.device, some)
             targets, where = batch.response_ids.to(self.device), scored.to(self.device) if some else None
             logp, ent = block_stats(
-                blocks,
-                targets,
-                temperature,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-                scored=where,
+                blocks, targets, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, scored=where
             )  # (N, T), (N, T) or None: the entropy of each step
             return (logp, ent) if with_entropy else logp
 

@@ -69,9 +69,7 @@ def encode_prompts(
     vision, positions, cache) -> output with ``logits`` and the cache."""
     if not adapter.continues_cache or (not vision.empty and not adapter.images_on_cache):
         return None
-    stop = set(adapter.suppress_ids) | {
-        i for i in (adapter.image_token_id, adapter.video_token_id) if i is not None
-    }
+    stop = set(adapter.suppress_ids) | {i for i in (adapter.image_token_id, adapter.video_token_id) if i is not None}
     C = common_prefix(ids, mask, stop)
     if C < MIN_SHARED:
         return None

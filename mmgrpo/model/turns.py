@@ -77,26 +77,18 @@ class TurnDecoder:
 
     # ------------------------------------------------------------------------------------------ turns
     @torch.no_grad()
-    def first(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, vision: VisionInputs, G: int, max_new_tokens: int
-    ):
+    def first(self, prompt_ids: Tensor, prompt_mask: Tensor, vision: VisionInputs, G: int, max_new_tokens: int):
         """Turn 1 for B prompts x G samples: (completions, finished), rows b*G .. b*G+G-1 per prompt."""
         p = self.policy
         with self._mode():
-            logits, self.state = engine.start(
-                p.model, p.adapter, prompt_ids, prompt_mask, vision, G, p.device
-            )
+            logits, self.state = engine.start(p.model, p.adapter, prompt_ids, prompt_mask, vision, G, p.device)
             self.rows = list(range(logits.shape[0]))
             self.in_cache = dict.fromkeys(self.rows, 0)
             return self._decode(logits, max_new_tokens)
 
     @torch.no_grad()
     def next(
-        self,
-        episodes: list[int],
-        responses: list[list[int]],
-        new_vision: list[VisionInputs],
-        max_new_tokens: int,
+        self, episodes: list[int], responses: list[list[int]], new_vision: list[VisionInputs], max_new_tokens: int
     ):
         """The next turn of ``episodes`` (a subset of the rows still in the cache, in any order), whose
         response ids so far are ``responses`` (the cache holds a prefix of each) and whose latest env
@@ -128,12 +120,7 @@ class TurnDecoder:
                 else:  # one block: every row, in order
                     part = st
                 room = 0 if others else max_new_tokens  # bring_back re-allocates the cache anyway
-                out = self._feed(
-                    part,
-                    [pending[i] for i in rows],
-                    VisionInputs.concat_rows([new_vision[i] for i in rows]),
-                    room,
-                )
+                out = self._feed(part, [pending[i] for i in rows], VisionInputs.concat_rows([new_vision[i] for i in rows]), room)
                 if part is not st:
                     parked.append((idx, engine.set_aside(part)))
                 logits = out.new_empty((len(episodes), out.shape[1])) if logits is None else logits
@@ -142,9 +129,7 @@ class TurnDecoder:
                 engine.bring_back(st, idx, parked, len(episodes))
             return self._decode(logits, max_new_tokens)
 
-    def _feed(
-        self, st: engine.DecodeState, pending: list[list[int]], vision: VisionInputs, room: int
-    ) -> Tensor:
+    def _feed(self, st: engine.DecodeState, pending: list[list[int]], vision: VisionInputs, room: int) -> Tensor:
         """Run the rows' new tokens ``pending`` (n rows) on the state's cache, left-padded into one block:
         the state advances past them; returns the logits of each row's next token (n, V). ``room``: the
         tokens to reserve in the cache after the block (the turn after it)."""
@@ -159,9 +144,7 @@ class TurnDecoder:
         pos, after = p.adapter.block_positions(p.model, ids, bmask, vision, st.next_pos)  # (n, W) / (3, n, W)
         full = torch.cat([st.mask, bmask.to(st.mask)], dim=1)  # (n, L + W)
         step = lean.stepper(p.model, p.adapter.uses_mrope(p.model)) if engine.LEAN_DECODE else None
-        if (
-            LEAN_BLOCKS and step is not None and st.prefix is not None and vision.empty
-        ):  # the lean step's block
+        if LEAN_BLOCKS and step is not None and st.prefix is not None and vision.empty:  # the lean step's block
             engine.reserve(st.cache, W + room)
             logits = step.block(ids.to(p.device), pos.to(p.device), full, st.cache, st.prefix, step.joined())
             st.mask, st.next_pos = full, after.to(p.device)

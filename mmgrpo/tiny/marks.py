@@ -56,12 +56,7 @@ from mmgrpo.tiny.perception import (
     write_curve,
 )
 
-PHRASES = (
-    "Find the {color} {shape}s.",
-    "Where are the {color} {shape}s?",
-    "Mark the {color} {shape}s.",
-    "Look for {color} {shape}s.",
-)
+PHRASES = ("Find the {color} {shape}s.", "Where are the {color} {shape}s?", "Mark the {color} {shape}s.", "Look for {color} {shape}s.")
 """How the kind is named before the image (none of them is counting_hard's question)."""
 
 COLORS = ("red", "green", "blue", "yellow")
@@ -114,10 +109,7 @@ def draw_mark_scene(
 
     kind = (rng.choice(colors), rng.choice(shapes))
     kinds = [(c, s) for c in colors for s in shapes]
-    near = [
-        [k for k in kinds if k[1] == kind[1] and k != kind],
-        [k for k in kinds if k[0] == kind[0] and k != kind],
-    ]
+    near = [[k for k in kinds if k[1] == kind[1] and k != kind], [k for k in kinds if k[0] == kind[0] and k != kind]]
     others = [rng.choice(near[0]), rng.choice(near[1])]
     others += [rng.choice([k for k in kinds if k != kind]) for _ in range(rng.randint(4, 6) - 2)]
     layout = [kind] * rng.randint(1, 5) + others
@@ -144,12 +136,8 @@ class MarkBatcher:
         for s in scenes:
             ask = s.phrase.format(color=s.kind[0], shape=s.kind[1])
             message = [{"role": "user", "content": [{"type": "text", "text": ask}, {"type": "image"}]}]
-            texts.append(
-                self.processor.apply_chat_template(message, add_generation_prompt=True, tokenize=False)
-            )
-        enc = self.processor(
-            text=texts, images=[s.scene.image for s in scenes], return_tensors="pt", padding=True
-        )
+            texts.append(self.processor.apply_chat_template(message, add_generation_prompt=True, tokenize=False))
+        enc = self.processor(text=texts, images=[s.scene.image for s in scenes], return_tensors="pt", padding=True)
         return dict(enc)
 
     def targets(self, scenes: Sequence[MarkScene]):
@@ -157,9 +145,7 @@ class MarkBatcher:
         import torch
 
         cells = self.grid * self.grid
-        return torch.tensor(
-            [[0 if s.scene.objects.get(c) == s.kind else 1 for c in range(cells)] for s in scenes]
-        )
+        return torch.tensor([[0 if s.scene.objects.get(c) == s.kind else 1 for c in range(cells)] for s in scenes])
 
     def logits(self, model, enc: dict[str, Any], layer: int):
         """The yes / no logits (B, cells, 2) read at each image token from the output of ``layer``."""
@@ -179,9 +165,7 @@ def mark_check(model, batcher: MarkBatcher, describe: PerceptionBatcher, scenes,
     with torch.no_grad():
         right = batcher.logits(model, batcher.inputs(scenes), layer).argmax(-1) == batcher.targets(scenes)
         names = cell_accuracy(
-            describe.logits(model, describe.inputs(named)),
-            describe.targets(named),
-            describe.colors.index(NONE),
+            describe.logits(model, describe.inputs(named)), describe.targets(named), describe.colors.index(NONE)
         )
     model.train(was_training)
     return {
@@ -227,9 +211,7 @@ def pretrain_marks(
             optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
             for step in range(spec.steps + 1):
                 if step % spec.log_every == 0 or step == spec.steps:
-                    records.append(
-                        {"step": step, **mark_check(model, batcher, describe, held_out, named, spec.layer)}
-                    )
+                    records.append({"step": step, **mark_check(model, batcher, describe, held_out, named, spec.layer)})
                     if progress:
                         progress(step, records[-1])
                 if step == spec.steps:
@@ -241,9 +223,7 @@ def pretrain_marks(
                 loss = F.cross_entropy(logits.flatten(0, 1), batcher.targets(scenes).flatten())
                 if step % spec.describe_every == 0:
                     boards = [draw_scene(rng) for _ in range(spec.batch_size // 2)]
-                    loss = loss + perception_loss(
-                        describe.logits(model, describe.inputs(boards)), describe.targets(boards)
-                    )
+                    loss = loss + perception_loss(describe.logits(model, describe.inputs(boards)), describe.targets(boards))
                 optimizer_step(model, optimizer, loss)
                 records[-1].setdefault("loss", float(loss.detach()))
     finally:

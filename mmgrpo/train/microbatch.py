@@ -109,16 +109,8 @@ def update(
     with torch.no_grad(), policy.reference_on_device():
         for mb in mb_tokens + mb_tokens[:1] * spare:
             scored = mb.loss_mask.bool()  # (n, t): the loss reads log-probs there only
-            ref = (
-                policy.logprobs(mb, temperature=g.temperature, reference=True, scored=scored)
-                if beta > 0
-                else None
-            )
-            old = (
-                policy.logprobs(mb, temperature=g.temperature, scored=scored)
-                if g.num_iterations > 1
-                else None
-            )
+            ref = policy.logprobs(mb, temperature=g.temperature, reference=True, scored=scored) if beta > 0 else None
+            old = policy.logprobs(mb, temperature=g.temperature, scored=scored) if g.num_iterations > 1 else None
             ref_lp.append(ref)
             old_lp.append(old)
 

@@ -158,9 +158,7 @@ def warm_start(
         bar = tqdm(range(n), desc=f"warm start ({name})", unit="step", disable=not progress)
         for step in bar:
             batch = make_batch(state["steps"])
-            loss = masked_nll(
-                policy.logprobs(batch, scored=batch.loss_mask.bool()), batch.loss_mask
-            )  # per target token
+            loss = masked_nll(policy.logprobs(batch, scored=batch.loss_mask.bool()), batch.loss_mask)  # per target token
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
