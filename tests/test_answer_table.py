@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from mmgrpo.errors import DataError
-from mmgrpo.rollout.evaluation import ANSWERS_MAX, answer_table, answer_table_lines
+from mmgrpo.rollout.answers import ANSWERS_MAX, answer_coverage, answer_table, answer_table_lines
 from mmgrpo.train.plots import CORRECT_COLOUR, PALETTE, _blend, answer_grid
 
 
@@ -31,6 +31,14 @@ def test_rows_are_true_answers_in_numeric_order_and_columns_what_was_given():
     assert table["4"] == {"3": 1, "(none)": 1}  # no <answer> tag
     assert answer_table_lines(table)[1] == 'true 2 (n=3): "1" 2, "3" 1'
     assert answer_table_lines(table)[3] == 'true 4 (n=2): "3" 1, (none) 1'
+
+
+def test_coverage_is_the_share_of_true_answers_given_to_any_task():
+    assert answer_coverage(answer_table(_collapsed())) == 0.5  # 1 and 3 given; 2 and 4 never
+    say = "<answer>{}</answer>".format
+    right = _episodes([(1, say(1)), (2, say(1)), (2, say("2.0")), (3, say(1))])
+    assert answer_coverage(answer_table(right)) == 2 / 3  # "2.0" is 2; 3 never given
+    assert answer_coverage({}) is None
 
 
 @pytest.mark.parametrize(
@@ -65,3 +73,12 @@ def test_the_picture_shades_each_cell_by_its_share_of_the_row_and_frames_the_rig
     assert image.width >= left + 5 * cell and image.height >= top + 4 * cell
     with pytest.raises(DataError, match="empty answer table"):
         answer_grid({}, tmp_path / "none.png")
+
+
+def test_a_step_logs_coverage_only_when_most_episodes_answer():
+    from mmgrpo.train.metrics import answer_metrics
+
+    assert answer_metrics(_collapsed()) == {"answer_coverage": 0.5}  # 6 of 7 answered
+    unformatted = _episodes([(1, "1"), (2, "two"), (3, "<answer>3</answer>")])
+    assert answer_metrics(unformatted) == {}  # 1 of 3 answered: the format is what is missing
+    assert answer_metrics(_episodes([(a, "x") for a in range(ANSWERS_MAX + 1)])) == {}  # free-form

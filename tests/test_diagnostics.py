@@ -256,6 +256,23 @@ def test_entropy_collapse_fires_when_low_even_if_rising_a_little():
     assert feed(slow) == []  # without reward_max, "low" is unknown and the reward is not flat
 
 
+# ----------------------------------------------------------------------------------------------- answers
+def test_answer_collapse_fires_when_some_right_answers_are_never_given():
+    """counting_hard's seed 1: only 1, 3 and 5 given to counts of 1-5 (coverage 0.6)."""
+    found = feed(stream(60, answer_coverage=0.6))
+    assert fired(found) == [("answer collapse", 20)]  # as soon as the window holds 20 steps
+    line = found[0].line()
+    assert "the episodes gave 60% of their tasks' true answers (mean of steps 1-20; threshold 80%)" in line
+    assert "mmgrpo eval" in line and "grpo.beta" in line
+
+
+def test_answer_collapse_silent_while_answers_cover_or_solved_or_not_logged():
+    assert feed(stream(80, answer_coverage=lambda s: 1.0 if s % 10 else 0.6)) == []  # a dip is noise
+    solved = stream(80, answer_coverage=0.6, reward=1.1)
+    assert feed(solved, reward_max=1.1) == []  # one answer per task left: solved
+    assert feed(stream(80)) == []  # tasks without a few short answers log no coverage
+
+
 # -------------------------------------------------------------------------------------------- oscillation
 def test_reward_oscillation_fires():
     found = feed(stream(40, reward=lambda s: (0.2 if s % 2 else 0.8) if s > 30 else base(s)["reward"]))

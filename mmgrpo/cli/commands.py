@@ -349,7 +349,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mmgrpo.config.core import load_config
-    from mmgrpo.rollout.evaluation import answer_table_lines, evaluate_config, write_eval, write_transcripts
+    from mmgrpo.rollout.answers import answer_table_lines
+    from mmgrpo.rollout.evaluation import evaluate_config, write_eval, write_transcripts
     from mmgrpo.train.trainer import build_env_factory, build_rewards, eval_metric, load_policy
 
     cfg = load_config(args.config, args.set)

@@ -152,7 +152,8 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
         "answers_after": after.answers,
     }
     (run_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from mmgrpo.rollout.evaluation import answer_table_lines, write_transcripts
+    from mmgrpo.rollout.answers import answer_table_lines
+    from mmgrpo.rollout.evaluation import write_transcripts
 
     pictures = write_pictures(trainer, after, run_dir)
     print("demo: pictures " + ", ".join(str(p) for p in pictures), flush=True)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from mmgrpo.env import ChatEnv
 from mmgrpo.model.policy import Policy
+from mmgrpo.rollout.answers import answer_table
 from mmgrpo.rollout.episodes import Trajectory, episode_metrics, rollout
-from mmgrpo.verifier import Rewards, extract_tag
+from mmgrpo.verifier import Rewards
 
 
 @dataclass
@@ -114,51 +115,6 @@ def evaluate(
         transcripts=[t.messages for t in trajectories[:TRANSCRIPTS]] if max_turns > 1 else [],
         answers=answer_table(trajectories),
     )
-
-
-ANSWERS_MAX = 12
-"""``answer_table`` is kept for tasks with at most this many distinct true answers."""
-
-NO_ANSWER = "(none)"
-"""The column of episodes with no ``<answer>...</answer>`` in their completion."""
-
-
-def answer_table(trajectories: list[Trajectory], tag: str = "answer") -> dict[str, dict[str, int]]:
-    """True answer -> {what the model put in ``<tag>...</tag>``: episodes}, for tasks whose ``answer`` is
-    one short value with at most ``ANSWERS_MAX`` distinct values over the episodes (counts, choices);
-    ``{}`` otherwise. It tells a policy that collapsed onto a few answers (each row spread over the same
-    two or three columns) from one that is off by one here and there (mass on and beside the diagonal)."""
-    rows: dict[str, dict[str, int]] = {}
-    for t in trajectories:
-        true = t.task.get("answer")
-        if isinstance(true, bool) or not isinstance(true, (int, float, str)) or len(str(true)) > 16:
-            return {}
-        given = extract_tag(t.completion, tag)
-        given = NO_ANSWER if given is None else given[:16]
-        row = rows.setdefault(str(true), {})
-        row[given] = row.get(given, 0) + 1
-        if len(rows) > ANSWERS_MAX:
-            return {}
-    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in sorted(rows.items(), key=_order)}
-
-
-def _order(item: tuple[str, dict]) -> tuple[int, float | str]:
-    """Numbers in numeric order first, then text."""
-    try:
-        return (0, float(item[0]))
-    except ValueError:
-        return (1, item[0])
-
-
-def answer_table_lines(table: dict[str, dict[str, int]], top: int = 4) -> list[str]:
-    """One line per true answer: ``true 2 (n=46): "1" 26, "3" 20`` (its ``top`` most given answers)."""
-    lines = []
-    for true, given in table.items():
-        shown = ", ".join((g if g == NO_ANSWER else f'"{g}"') + f" {n}" for g, n in list(given.items())[:top])
-        rest = sum(list(given.values())[top:])
-        more = f", {rest} other" if rest else ""
-        lines.append(f"true {true} (n={sum(given.values())}): {shown}{more}")
-    return lines
 
 
 def distinct_episodes(make_env: Callable[[], ChatEnv], episodes: int, *, warn: bool = False) -> int:

@@ -22,6 +22,8 @@ growing                                                             token-level 
 repetition rising      degenerate loops                             entropy bonus, lower lr, penalize
                                                                     repetition in the reward
 entropy collapse       premature convergence                        entropy bonus, temperature, clip-higher
+answer collapse        some right answers are never sampled         the eval's answer table; a KL anchor;
+                       (counts: only 1, 3 and 5 given)              another seed, a lower lr
 reward oscillation     lr too high                                  lower lr, more tasks per step
 ====================== ============================================ =========================================
 
@@ -70,6 +72,7 @@ _TRACKED = (
     "entropy",
     "repetition",
     "num_episodes",
+    "answer_coverage",
 )
 """The keys a record keeps in the history (besides ``step`` and every ``reward/<verifier>``)."""
 

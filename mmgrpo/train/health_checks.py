@@ -71,6 +71,9 @@ ENTROPY_EARLY = 10
 ENTROPY_WINDOW = 10
 ENTROPY_COLLAPSE_FRAC = 0.1
 
+ANSWER_WINDOW = 20
+ANSWER_COVERAGE_LOW = 0.8  # a policy answering only 1, 3 and 5 to counts of 1 to 5 covers 0.6
+
 OSC_WINDOW = 12
 OSC_SIGN_CHANGES = 6  # iid noise alone gives about 2/3 of the 10 possible: the amplitude decides
 OSC_AMPLITUDE = 0.25  # of the reward's scale; 16 tasks of 0/1 reward swing about 0.14 by sampling alone
@@ -398,6 +401,29 @@ def check_entropy_collapse(h: History) -> Finding | None:
     )
 
 
+def check_answer_collapse(h: History) -> Finding | None:
+    """Answer collapse: the policy no longer samples some of the right answers at all.
+
+    Fires when the mean ``answer_coverage`` (the share of a step's true answers that some episode gave,
+    logged for tasks with a few short answers) of the last :data:`ANSWER_WINDOW` steps is below
+    :data:`ANSWER_COVERAGE_LOW` while the reward is not solved. Its groups then agree on the wrong answers
+    for those tasks and nothing rewards the missing ones back: a count that answers only 1, 3 and 5 stays
+    there (mmgrpo's counting_hard runs that did so ended near 0.5).
+    """
+    w = ANSWER_WINDOW
+    coverage = h.mean("answer_coverage", w)
+    if coverage is None or coverage >= ANSWER_COVERAGE_LOW or h.solved(w):
+        return None
+    return Finding(
+        "answer collapse",
+        f"the episodes gave {coverage:.0%} of their tasks' true answers (mean of steps {h.span(w)}; threshold "
+        f"{ANSWER_COVERAGE_LOW:.0%}): the other answers are never sampled, so no group can reward them",
+        "look at which answers it gives (`mmgrpo eval` prints them per true answer); a KL anchor "
+        "(grpo.beta 0.02) keeps every answer sampled but slows the climb; else another seed or a lower grpo.lr",
+        h.step,
+    )
+
+
 def check_reward_oscillation(h: History) -> Finding | None:
     """Reward oscillation: the reward swings up and down by large steps, a sign of a learning rate too high.
 
@@ -443,6 +469,7 @@ CHECKS: tuple[Callable[[History], Finding | None], ...] = (
     check_kl_high,
     check_length_growth,
     check_repetition,
+    check_answer_collapse,
     check_entropy_collapse,
     check_reward_oscillation,
 )

@@ -14,6 +14,7 @@ import torch
 
 from mmgrpo.config.core import Config
 from mmgrpo.grpo.advantages import group_stats
+from mmgrpo.rollout.answers import NO_ANSWER, answer_coverage, answer_table
 from mmgrpo.rollout.episodes import RolloutBatch, episode_metrics
 from mmgrpo.rollout.sampling import LENGTH_CUTS
 from mmgrpo.train.diagnostics import repetition
@@ -53,6 +54,7 @@ def step_record(
         "lr": lr,
         "completion_len": sum(lengths) / len(lengths),
         "repetition": repetition([t.completion for t in batch.trajectories]),
+        **answer_metrics(batch.trajectories),
         "truncated_frac": sum(t.truncated for t in batch.trajectories) / N,
         **(
             {"overlong/masked_frac": sum(t.truncation in LENGTH_CUTS for t in batch.trajectories) / N}
@@ -72,6 +74,18 @@ def step_record(
     if cfg.env.max_turns > 1:
         record.update(all_episode_metrics(accelerator, batch.trajectories))
     return record
+
+
+def answer_metrics(trajectories: list) -> dict[str, float]:
+    """``answer_coverage`` (``mmgrpo.rollout.answers``) for tasks with a few short answers: the share of
+    this step's true answers that some episode gave. Nothing for other tasks, nor while fewer than half the
+    episodes answer at all (a missing format is another symptom: zero-variance groups)."""
+    table = answer_table(trajectories)
+    counts = [(g, n) for row in table.values() for g, n in row.items()]
+    answered = sum(n for g, n in counts if g != NO_ANSWER)
+    if not counts or answered < 0.5 * sum(n for _, n in counts):
+        return {}
+    return {"answer_coverage": answer_coverage(table)}
 
 
 def all_episode_metrics(accelerator, trajectories: list) -> dict[str, float]:

@@ -415,23 +415,19 @@ def save_image(image: Image.Image, out_path: str | Path) -> Path:
     return out
 
 
-def _same_answer(true: str, given: str) -> bool:
-    if _is_number(true) and _is_number(given):
-        return float(true) == float(given)
-    return true.strip() == given.strip()
-
-
 def answer_grid(table: dict[str, dict[str, int]], out_path: str | Path, title: str = "answers given") -> Path:
     """The answer table of an evaluation (``mmgrpo.rollout.evaluation.answer_table``) as a picture: a row
     per true answer, a column per answer given, each cell shaded by its share of the row and labelled with
     its count; cells where the answer is right are framed green. A collapse shows as a few dark columns
     and empty green cells (answers never given)."""
+    from mmgrpo.rollout.answers import is_number, same_answer  # here: `mmgrpo plot` stays without torch
+
     if not table:
         raise DataError("answer_grid: an empty answer table; evaluate a task with a few short answers.")
     given: list[str] = list(table)  # every true answer has its column, given or not
     for row in table.values():
         given += [g for g in row if g not in given]
-    given.sort(key=lambda g: (0, float(g), "") if _is_number(g) else (1, 0.0, g))
+    given.sort(key=lambda g: (0, float(g), "") if is_number(g) else (1, 0.0, g))
     cell, left, top, pad = 40, 90, 58, 10
     font, small = _font(14), _font(12)
     heading = f"{title} (rows: the true answer; columns: the model's)"
@@ -460,7 +456,7 @@ def answer_grid(table: dict[str, dict[str, int]], out_path: str | Path, title: s
         for j, g in enumerate(given):
             x, n = left + j * cell, row.get(g, 0)
             box = [(x, y), (x + cell - 2, y + cell - 2)]
-            right = _same_answer(true, g)
+            right = same_answer(true, g)
             draw.rectangle(box, fill=_blend(PALETTE[0], n / total), outline=CORRECT_COLOUR if right else GRID)
             if right:
                 draw.rectangle(box, outline=CORRECT_COLOUR, width=2)
@@ -471,10 +467,3 @@ def answer_grid(table: dict[str, dict[str, int]], out_path: str | Path, title: s
                 draw.text((tx, y + cell / 2 - 8), text, fill=colour, font=small)
     return save_image(image, out_path)
 
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
