@@ -1,7 +1,8 @@
 """The answers a model gave, per true answer, for tasks with a few short answers (counts, choices): the
 table ``mmgrpo eval`` prints and saves, the demos draw, and each GRPO step sums up as ``answer_coverage``.
 
-Light on purpose (no torch): ``mmgrpo.train.plots`` draws the table.
+Plain Python on the episodes' task answers and completions (no torch here; ``mmgrpo.train.plots``, which
+draws the table, imports it only when it draws, since the ``mmgrpo.rollout`` package itself loads torch).
 """
 
 from __future__ import annotations

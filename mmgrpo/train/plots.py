@@ -416,11 +416,11 @@ def save_image(image: Image.Image, out_path: str | Path) -> Path:
 
 
 def answer_grid(table: dict[str, dict[str, int]], out_path: str | Path, title: str = "answers given") -> Path:
-    """The answer table of an evaluation (``mmgrpo.rollout.evaluation.answer_table``) as a picture: a row
+    """The answer table of an evaluation (``mmgrpo.rollout.answers.answer_table``) as a picture: a row
     per true answer, a column per answer given, each cell shaded by its share of the row and labelled with
     its count; cells where the answer is right are framed green. A collapse shows as a few dark columns
     and empty green cells (answers never given)."""
-    from mmgrpo.rollout.answers import is_number, same_answer  # here: `mmgrpo plot` stays without torch
+    from mmgrpo.rollout.answers import is_number, same_answer  # here: the rollout package loads torch
 
     if not table:
         raise DataError("answer_grid: an empty answer table; evaluate a task with a few short answers.")
