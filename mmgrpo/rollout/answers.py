@@ -35,7 +35,7 @@ def answer_table(trajectories: Iterable[Any], tag: str = "answer") -> dict[str, 
         row[given] = row.get(given, 0) + 1
         if len(rows) > ANSWERS_MAX:
             return {}
-    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in sorted(rows.items(), key=_order)}
+    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in sorted(rows.items(), key=lambda kv: answer_order(kv[0]))}
 
 
 def answer_coverage(table: dict[str, dict[str, int]]) -> float | None:
@@ -63,9 +63,9 @@ def is_number(text: str) -> bool:
     return True
 
 
-def _order(item: tuple[str, dict]) -> tuple[int, float | str]:
-    """Numbers in numeric order first, then text."""
-    return (0, float(item[0])) if is_number(item[0]) else (1, item[0])
+def answer_order(text: str) -> tuple[int, float, str]:
+    """A sort key for answers: numbers in numeric order first, then text."""
+    return (0, float(text), "") if is_number(text) else (1, 0.0, text)
 
 
 def answer_table_lines(table: dict[str, dict[str, int]], top: int = 4) -> list[str]:

@@ -420,14 +420,14 @@ def answer_grid(table: dict[str, dict[str, int]], out_path: str | Path, title: s
     per true answer, a column per answer given, each cell shaded by its share of the row and labelled with
     its count; cells where the answer is right are framed green. A collapse shows as a few dark columns
     and empty green cells (answers never given)."""
-    from mmgrpo.rollout.answers import is_number, same_answer  # here: the rollout package loads torch
+    from mmgrpo.rollout.answers import answer_order, same_answer  # here: the rollout package loads torch
 
     if not table:
         raise DataError("answer_grid: an empty answer table; evaluate a task with a few short answers.")
     given: list[str] = list(table)  # every true answer has its column, given or not
     for row in table.values():
         given += [g for g in row if g not in given]
-    given.sort(key=lambda g: (0, float(g), "") if is_number(g) else (1, 0.0, g))
+    given.sort(key=answer_order)
     cell, left, top, pad = 40, 90, 58, 10
     font, small = _font(14), _font(12)
     heading = f"{title} (rows: the true answer; columns: the model's)"
@@ -457,9 +457,8 @@ def answer_grid(table: dict[str, dict[str, int]], out_path: str | Path, title: s
             x, n = left + j * cell, row.get(g, 0)
             box = [(x, y), (x + cell - 2, y + cell - 2)]
             right = same_answer(true, g)
-            draw.rectangle(box, fill=_blend(PALETTE[0], n / total), outline=CORRECT_COLOUR if right else GRID)
-            if right:
-                draw.rectangle(box, outline=CORRECT_COLOUR, width=2)
+            fill = _blend(PALETTE[0], n / total)
+            draw.rectangle(box, fill=fill, outline=CORRECT_COLOUR if right else GRID, width=2 if right else 1)
             if n:
                 text = str(n)
                 colour = WHITE if n / total > 0.5 else TEXT
