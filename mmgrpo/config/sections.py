@@ -185,6 +185,11 @@ class GRPOConfig(Section):
     """Learning-rate decay after warm-up, towards 0 at the last step."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global L2 norm."""
+    freeze_embeddings: bool = False
+    """GRPO leaves the token embeddings and the output head (one matrix when they are tied) as the warm
+    start left them; the warm start still trains them. On a small answer set this keeps a wrong answer
+    from being switched off through its own output row: measured on counting_hard (answers 1-5), the
+    answers no longer collapse onto a few counts (README)."""
     beta: float = 0.04
     """KL coefficient against the frozen reference model; 0 = no reference model (the start value when
     target_kl is set)."""

@@ -46,6 +46,17 @@ def unwrap(model):
     return getattr(model, "module", model)
 
 
+def embedding_parameters(model) -> list[torch.nn.Parameter]:
+    """The input token embedding's and the output head's weights (one when they are tied)."""
+    bare = unwrap(model)
+    out: list[torch.nn.Parameter] = []
+    for module in (bare.get_input_embeddings(), bare.get_output_embeddings()):
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.nn.Parameter) and all(weight is not p for p in out):
+            out.append(weight)
+    return out
+
+
 SHARDS_FLAG = "mmgrpo_holds_shards"
 """The attribute mmgrpo.train.fsdp sets on a model it shards: True while the parameters are shards, False
 while they are gathered (so that asking is one attribute read, not a walk over the parameters)."""

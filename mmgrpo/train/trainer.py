@@ -31,6 +31,7 @@ from mmgrpo.config.core import Config, config_to_dict, save_config
 from mmgrpo.errors import ConfigError, EnvError
 from mmgrpo.grpo.advantages import combine_advantages, group_advantages, group_size_at
 from mmgrpo.grpo.kl_control import AdaptiveKLController, FixedKLController
+from mmgrpo.model.adapters import embedding_parameters
 from mmgrpo.model.io import PRECISION, check_precision
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import RolloutBatch, rollout
@@ -96,6 +97,12 @@ class Trainer:
         self.warm_start_steps = 0  # the warm start's steps, fewer than warm_start.steps when it stopped early
         if cfg.model.freeze_vision:
             self.policy.freeze_vision()
+        # grpo.freeze_embeddings: out of the optimizer and of DDP's buckets; the warm start thaws them
+        self.frozen_embeddings = [p for p in embedding_parameters(self.policy.model) if p.requires_grad]
+        if not g.freeze_embeddings:
+            self.frozen_embeddings = []
+        for p in self.frozen_embeddings:
+            p.requires_grad_(False)
         self.policy.offload_reference = cfg.model.offload_reference
         acc = self.accelerator
         self.rank, self.world, self.is_main = acc.process_index, acc.num_processes, acc.is_main_process
@@ -455,15 +462,28 @@ class Trainer:
                 "first with `mmgrpo sft` (or a DDP run), then point model.path at its output and set "
                 "warm_start.steps=0"
             )
-        done = warm_start_and_check(
-            self.policy,
-            self.make_env,
-            self.cfg.warm_start,
-            seed=self.cfg.seed,
-            log=self.log,
-            progress=self.progress,
-            say=self.is_main,
-        )
+        for p in self.frozen_embeddings:  # the warm start trains them; GRPO then leaves them as they are
+            p.requires_grad_(True)
+        try:
+            done = warm_start_and_check(
+                self.policy,
+                self.make_env,
+                self.cfg.warm_start,
+                seed=self.cfg.seed,
+                log=self.log,
+                progress=self.progress,
+                say=self.is_main,
+            )
+        finally:
+            for p in self.frozen_embeddings:
+                p.requires_grad_(False)
+        if self.frozen_embeddings and self.world > 1:
+            # outside DDP's buckets, so their gradients were not averaged: every process warm-starts on the
+            # same demonstrations, and the main process's copy is made everyone's, to be sure
+            import torch.distributed as dist
+
+            for p in self.frozen_embeddings:
+                dist.broadcast(p.data, src=0)
         self.warm_start_steps, self.skill_check = done.steps, done.check
         return done.nll
 
