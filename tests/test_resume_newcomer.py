@@ -154,10 +154,11 @@ def test_resume_changes_say_what_each_change_does():
     "change, named",
     [
         (["model.freeze_vision=true"], "model.freeze_vision changed (false -> true)"),
+        (["grpo.freeze_embeddings=true"], "grpo.freeze_embeddings changed (false -> true)"),
         (["model.lora={r: 4, alpha: 8}"], "model.lora was off in the checkpoint's run and is on now"),
         (["model.path=OTHER"], "model.path changed ("),
     ],
-    ids=["freeze_vision", "lora-on", "another-model"],
+    ids=["freeze_vision", "freeze_embeddings", "lora-on", "another-model"],
 )
 def test_resume_refuses_a_change_that_cannot_apply_by_name(
     tiny_model_dir, run, tmp_path, capsys, change, named

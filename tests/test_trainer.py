@@ -280,3 +280,43 @@ def test_a_nan_reward_stops_the_run_naming_the_verifier_or_skips_the_batch(tiny_
     assert record["skipped"] == 1 and record["faults/skipped_batches"] == 1 and math.isnan(record["loss"])
     assert all(torch.equal(a, b) for a, b in zip(before, skipping.policy.model.parameters(), strict=True))
     assert "skipped" in (tmp_path / "skip" / "warnings.log").read_text()
+
+
+def test_freeze_embeddings_leaves_them_to_the_warm_start_and_out_of_grpo(tiny_model_dir, tmp_path):
+    from mmgrpo.model.adapters import embedding_parameters
+
+    trainer = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        VARIED,
+        "grpo.freeze_embeddings=true",
+        "grpo.steps=2",
+        "warm_start.steps=2",
+        "warm_start.min_skill=0",
+    )
+    model = trainer.policy.model
+    (emb,) = embedding_parameters(model)  # the tiny model ties its output head to the embedding
+    assert model.get_output_embeddings().weight is emb
+    in_optimizer = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert id(emb) not in in_optimizer and not emb.requires_grad
+    layer = model.model.language_model.layers[0].mlp.down_proj.weight
+    assert id(layer) in in_optimizer
+
+    start = emb.detach().clone()
+    trainer.warm_start()
+    assert not torch.equal(emb, start), "the warm start should still train the embeddings"
+    assert not emb.requires_grad  # frozen again for GRPO
+    warm, warm_layer = emb.detach().clone(), layer.detach().clone()
+    trainer.train()
+    assert torch.equal(emb, warm)
+    assert not torch.equal(layer, warm_layer)
+
+
+def test_without_freeze_embeddings_grpo_trains_them(tiny_model_dir, tmp_path):
+    from mmgrpo.model.adapters import embedding_parameters
+
+    trainer = _trainer(tiny_model_dir, tmp_path, VARIED, "grpo.steps=2")
+    (emb,) = embedding_parameters(trainer.policy.model)
+    start = emb.detach().clone()
+    trainer.train()
+    assert emb.requires_grad and not torch.equal(emb, start)

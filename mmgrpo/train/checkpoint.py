@@ -377,6 +377,7 @@ FIXED_ON_RESUME = {
     "model.lora.alpha": "the saved adapter was trained at this scale",
     "model.lora.target_modules": "the saved adapter holds these layers",
     "model.freeze_vision": "the saved optimizer state covers exactly the parameters that were trained",
+    "grpo.freeze_embeddings": "the saved optimizer state covers exactly the parameters that were trained",
 }
 """Config keys a resumed run refuses to change, and why (the saved state was made for the old value).
 Also refused: ``model.lora`` switched on or off, ``model.dtype`` to or from float16 (the fp16 loss

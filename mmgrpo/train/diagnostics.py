@@ -22,8 +22,8 @@ growing                                                             token-level 
 repetition rising      degenerate loops                             entropy bonus, lower lr, penalize
                                                                     repetition in the reward
 entropy collapse       premature convergence                        entropy bonus, temperature, clip-higher
-answer collapse        some right answers are never sampled         the eval's answer table; a KL anchor;
-                       (counts: only 1, 3 and 5 given)              another seed, a lower lr
+answer collapse        some right answers are never sampled         the eval's answer table;
+                       (counts: only 1, 3 and 5 given)              grpo.freeze_embeddings; a KL anchor
 reward oscillation     lr too high                                  lower lr, more tasks per step
 ====================== ============================================ =========================================
 

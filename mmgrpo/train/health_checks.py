@@ -418,8 +418,9 @@ def check_answer_collapse(h: History) -> Finding | None:
         "answer collapse",
         f"the episodes gave {coverage:.0%} of their tasks' true answers (mean of steps {h.span(w)}; threshold "
         f"{ANSWER_COVERAGE_LOW:.0%}): the other answers are never sampled, so no group can reward them",
-        "look at which answers it gives (`mmgrpo eval` prints them per true answer); a KL anchor "
-        "(grpo.beta 0.02) keeps every answer sampled but slows the climb; else another seed or a lower grpo.lr",
+        "look at which answers it gives (`mmgrpo eval` prints them per true answer); keep GRPO off the "
+        "answers' output rows (grpo.freeze_embeddings: true; counting_hard's fix); a KL anchor (grpo.beta 0.02) "
+        "keeps every answer sampled but slows the climb",
         h.step,
     )
 
