@@ -98,9 +98,11 @@ class Trainer:
         if cfg.model.freeze_vision:
             self.policy.freeze_vision()
         # grpo.freeze_embeddings: out of the optimizer and of DDP's buckets; the warm start thaws them
-        self.frozen_embeddings = [p for p in embedding_parameters(self.policy.model) if p.requires_grad]
-        if not g.freeze_embeddings:
-            self.frozen_embeddings = []
+        self.frozen_embeddings = (
+            [p for p in embedding_parameters(self.policy.model) if p.requires_grad]
+            if g.freeze_embeddings
+            else []
+        )
         for p in self.frozen_embeddings:
             p.requires_grad_(False)
         self.policy.offload_reference = cfg.model.offload_reference
