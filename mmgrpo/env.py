@@ -33,7 +33,7 @@ import numpy as np
 from gymnasium.spaces import Space, Text
 from PIL import Image
 
-from mmgrpo.errors import EnvError, did_you_mean
+from mmgrpo.errors import ConfigError, EnvError, did_you_mean
 
 Part = dict[str, Any]
 """``{"type": "text", "text": str}`` or ``{"type": "image", "image": PIL.Image.Image}``."""
@@ -93,6 +93,23 @@ def message_text(message: Message) -> str:
     if isinstance(content, str):
         return content
     return "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def bare_prompt(messages: Sequence[Message]) -> list[Message]:
+    """The text of the prompt's last user message, alone: no system prompt, tool schemas or images.
+
+    A bare prompt lets a small model find a skill in a short context, where its attention is not spread over
+    hundreds of other tokens (``warm_start.drill_bare_steps``, ``grpo.bare_steps``). Measured on the tiny
+    VLM (zoom_count's drill, lr 1e-3): on full prompts (344 tokens: system prompt, tool schemas, image) the
+    copied digit stayed at chance for 400 steps (2500 at 3e-4); on bare prompts (about 20 tokens) it was
+    learnt by step 275, and on full prompts after that within 50 more steps."""
+    last = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    if last is None:
+        raise ConfigError(
+            "bare prompts (warm_start.drill_bare_steps, grpo.bare_steps) keep the prompt's last user message, "
+            "and this env's prompt has none: set both to 0"
+        )
+    return [user(message_text(last))]
 
 
 def message_images(messages: Sequence[Message]) -> list[Image.Image]:

@@ -291,3 +291,9 @@ def test_bare_drills_need_the_full_drills_they_lead_into():
         None, ["warm_start.source=env", "warm_start.drill_steps=50", "warm_start.drill_bare_steps=100"]
     )
     assert (cfg.warm_start.drill_bare_steps, cfg.warm_start.drill_steps) == (100, 50)
+
+
+def test_bare_steps_must_leave_full_steps():
+    with pytest.raises(ConfigError, match=r"grpo.bare_steps.*must be below steps \(100\)"):
+        load_config(None, ["grpo.steps=100", "grpo.bare_steps=100"])
+    assert load_config(None, ["grpo.steps=100", "grpo.bare_steps=60"]).grpo.bare_steps == 60

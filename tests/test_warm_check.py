@@ -199,7 +199,7 @@ def test_bare_prompt_keeps_the_question_text_alone():
     image = Image.new("RGB", (8, 8))
     two = [system("s"), user("first"), user(text_part("a "), image_part(image), text_part("b"))]
     assert bare_prompt(two) == [user("a b")]  # the last user message, its text parts joined
-    with pytest.raises(ConfigError, match="drill_bare_steps: this env's prompt has no user message"):
+    with pytest.raises(ConfigError, match="grpo.bare_steps.*has none: set both to 0"):
         bare_prompt([system("s")])
 
 
@@ -230,6 +230,30 @@ def test_bare_drills_play_the_same_turns_on_the_question_alone(tiny_policy):
         assert torch.equal(taught, bare.response_ids[i][bare.loss_mask[i].bool()]) and len(taught) == n
         assert f'"cell": {info["cell"]}' in tok.decode(taught)
     assert bare.has_response_images  # the zoomed cell came back after the call
+
+
+def test_bare_rows_are_chosen_per_seed(tiny_policy):
+    """``bare`` as a list (warm_start.bare_share): only the rows it marks lose their system prompt, tool
+    schemas and image."""
+    from mmgrpo.envs.zoom_count import ZoomCountEnv
+    from mmgrpo.train.warmstart import demonstration_batch
+
+    env = ZoomCountEnv(demo_cell="named", call_prob=1.0)
+    batch = demonstration_batch(tiny_policy, env, [0, 1, 2], random.Random(0), bare=[True, False, True])
+    image = tiny_policy.image_token_id
+    in_prompt = [image in batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() for i in range(3)]
+    assert in_prompt == [False, True, False]
+    with pytest.raises(ValueError):
+        demonstration_batch(tiny_policy, env, [0, 1], random.Random(0), bare=[True])
+
+
+def test_bare_share_needs_the_env_demonstrations():
+    from mmgrpo.config.core import load_config
+
+    with pytest.raises(ConfigError, match=r"warm_start.bare_share.*set source: env"):
+        load_config(None, ["warm_start.bare_share=0.5"])
+    with pytest.raises(ConfigError, match=r"warm_start.bare_share.*must be in \[0, 1\]"):
+        load_config(None, ["warm_start.source=env", "warm_start.bare_share=2"])
 
 
 def test_bare_drills_come_first_and_the_check_ends_only_the_full_ones(tiny_model_dir, monkeypatch):

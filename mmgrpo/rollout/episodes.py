@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from mmgrpo.env import ChatEnv, SingleTurnEnv, assistant
+from mmgrpo.env import ChatEnv, SingleTurnEnv, assistant, bare_prompt
 from mmgrpo.errors import ConfigError, DataError, EnvError
 from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
@@ -152,11 +152,13 @@ def rollout(
     max_turns: int = 1,
     max_episode_tokens: int | None = None,
     kv_across_turns: bool = True,
+    bare: bool = False,
 ) -> RolloutBatch:
     """Run len(seeds) * group_size episodes; ``envs`` holds that many env instances (row order).
 
     ``kv_across_turns=False`` encodes every live row's whole sequence again at each turn (the way before
-    the cache was kept; the tests compare both)."""
+    the cache was kept; the tests compare both). ``bare=True`` cuts each prompt to ``bare_prompt`` (the
+    question alone: no system prompt, tool schemas or images; the tools still run on the task's own data)."""
     if max_turns < 1:
         raise ConfigError(f"env.max_turns={max_turns}: an episode needs at least one policy turn")
     B, G = len(seeds), group_size
@@ -168,6 +170,8 @@ def rollout(
     for b, seed in enumerate(seeds):
         try:
             obs, info = reset_group(envs[b * G : (b + 1) * G], seed, split)
+            if bare:
+                obs, info = bare_prompt(obs), {**info, "tools": None}
         except Exception as exc:  # a task the env cannot pose is data: leave it out, say which
             failed.append((seed, f"{type(exc).__name__}: {exc}"))
             continue

@@ -20,6 +20,7 @@ import torch
 from mmgrpo.config.sections import GRPOConfig
 from mmgrpo.grpo.kl_control import sequence_kl
 from mmgrpo.grpo.losses import grpo_loss
+from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.batch import TokenBatch
 from mmgrpo.model.policy import Policy
 from mmgrpo.train.distributed import global_counts, global_sum
@@ -109,8 +110,16 @@ def update(
     with torch.no_grad(), policy.reference_on_device():
         for mb in mb_tokens + mb_tokens[:1] * spare:
             scored = mb.loss_mask.bool()  # (n, t): the loss reads log-probs there only
-            ref = policy.logprobs(mb, temperature=g.temperature, reference=True, scored=scored) if beta > 0 else None
-            old = policy.logprobs(mb, temperature=g.temperature, scored=scored) if g.num_iterations > 1 else None
+            ref = (
+                policy.logprobs(mb, temperature=g.temperature, reference=True, scored=scored)
+                if beta > 0
+                else None
+            )
+            old = (
+                policy.logprobs(mb, temperature=g.temperature, scored=scored)
+                if g.num_iterations > 1
+                else None
+            )
             ref_lp.append(ref)
             old_lp.append(old)
 
@@ -126,6 +135,7 @@ def update(
             real = k < len(mbs)
             rows, mb = (mbs[k], mb_tokens[k]) if real else (mbs[0], mb_tokens[0])
             sync = contextlib.nullcontext() if k == n_mb - 1 else acc.no_sync(policy.model)
+            idle = idle_vision(policy, mb) if world > 1 else 0.0
             with sync:
                 logp, entropy = policy.logprobs(
                     mb,
@@ -135,7 +145,7 @@ def update(
                     scored=mb.loss_mask.bool(),
                 )  # (n, t), (n, t): 0 outside the loss mask
                 if not real:  # a process with fewer micro-batches joins the others' gradient sync
-                    acc.backward(logp.sum() * 0.0)
+                    acc.backward(logp.sum() * 0.0 + idle)
                     continue
                 out = grpo_loss(
                     logp,
@@ -158,7 +168,7 @@ def update(
                     entropy_coef=g.entropy_coef,
                 )
                 # DDP averages gradients over the W processes; x W makes that the global-batch gradient
-                acc.backward(out.loss * world if world > 1 else out.loss)
+                acc.backward((out.loss * world + idle) if world > 1 else out.loss)
             share = mb.loss_mask.sum().item() / max(num_tokens, 1) / g.num_iterations
             loss_sum += float(out.loss.detach())
             stats["loss"] += float(out.loss.detach()) / g.num_iterations
@@ -178,3 +188,19 @@ def update(
         optimizer.step()
         scheduler.step()
     return stats, None
+
+
+def idle_vision(policy: Policy, mb: TokenBatch) -> torch.Tensor | float:
+    """0 x every trainable vision parameter when ``mb`` holds no image, else 0.0. DDP reduces gradients in
+    buckets that fire once each of their parameters has one; a micro-batch without images (bare prompts
+    whose episodes never zoomed) gives the vision tower none, so its buckets would fire on the processes
+    whose batches had images and not on this one, and the processes' collectives would no longer match.
+    The zero term gives those parameters a zero gradient here instead."""
+    if not mb.vision.empty or mb.has_response_images:
+        return 0.0
+    vision = [
+        p
+        for n, p in unwrap(policy.model).named_parameters()
+        if p.requires_grad and policy.adapter.is_vision_param(n)
+    ]
+    return sum(p.sum() for p in vision) * 0.0 if vision else 0.0

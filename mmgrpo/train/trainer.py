@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from mmgrpo.config.core import Config, config_to_dict, save_config
+from mmgrpo.config.sections import WarmStartConfig
 from mmgrpo.errors import ConfigError, EnvError
 from mmgrpo.grpo.advantages import combine_advantages, group_advantages, group_size_at
 from mmgrpo.grpo.kl_control import AdaptiveKLController, FixedKLController
@@ -129,7 +130,11 @@ class Trainer:
             weight_decay=g.weight_decay,
         )
         self.scheduler = make_scheduler(
-            g.lr_schedule, self.optimizer, warmup_steps=g.warmup_steps, steps=g.steps * g.num_iterations
+            g.lr_schedule,
+            self.optimizer,
+            warmup_steps=g.warmup_steps,
+            steps=g.steps * g.num_iterations,
+            restart=g.bare_steps * g.num_iterations,
         )
         if self.sharded:  # sharded above (mmgrpo.train.fsdp); accelerate keeps the scheduler's state
             from accelerate.scheduler import AcceleratedScheduler
@@ -165,6 +170,7 @@ class Trainer:
         )
         self.task_cursor = 0  # the next task seed of the stream (B per step; more with dynamic sampling)
         self._last_give_up = -(10**9)
+        self.drilled_full = False  # grpo.bare_steps: the drills on full prompts ran after the bare steps
         self.stop_requested = False  # set by a signal handler; the loop saves a checkpoint and stops
         self._saved_step: int | None = None  # the step this trainer last wrote a checkpoint of
         self._eval_cut_said = False  # whether the eval split's size cut eval_episodes was said
@@ -309,6 +315,7 @@ class Trainer:
                     top_k=g.top_k,
                     max_turns=self.cfg.env.max_turns,
                     max_episode_tokens=self.cfg.env.max_episode_tokens,
+                    bare=self.step < g.bare_steps,
                 )
             error = None
         except EnvError as exc:  # every task of this process failed to reset
@@ -342,6 +349,19 @@ class Trainer:
         from tqdm.auto import tqdm
 
         g = self.cfg.grpo
+        w = self.cfg.warm_start
+        if (
+            self.sharded
+            and g.bare_steps
+            and w.source == "env"
+            and w.drill_steps
+            and self.step <= g.bare_steps
+        ):
+            raise ConfigError(
+                "grpo.bare_steps: after the bare steps the warm start's drills run again on whole weights, and "
+                "this run shards them (FSDP): set warm_start.drill_steps: 0 (no drills between the phases), "
+                "or train on DDP"
+            )
         if self.is_main:
             save_config(self.cfg, self.out / "config.yaml")
         record: dict[str, Any] = {}
@@ -353,6 +373,8 @@ class Trainer:
             disable=not (self.progress and self.is_main),
         )
         while self.step < g.steps:
+            if g.bare_steps and self.step == g.bare_steps and not self.drilled_full:
+                self.full_prompt_drills()
             if self.agree_stop():
                 bar.close()
                 raise TrainingStopped(self.step, self.save_checkpoint())
@@ -453,10 +475,20 @@ class Trainer:
                     correct = self.evaluate(seeds=seeds).correct
         return sum(gather_objects(self.accelerator, correct)) / episodes
 
-    def warm_start(self) -> float:
-        """The supervised cold start of ``cfg.warm_start`` and the check of the skill it was meant to teach
-        (mmgrpo.train.warm_check.warm_start_and_check): WarmStartError when it is missing."""
+    def warm_start(self, w: WarmStartConfig | None = None, stage: str = "") -> float:
+        """The supervised cold start of ``w`` (default ``cfg.warm_start``) and the check of the skill it was
+        meant to teach (mmgrpo.train.warm_check.warm_start_and_check): WarmStartError when it is missing.
+        With ``stage`` its metrics records are logged under that stage name (``<stage>``, ``<stage>_check``)."""
         from mmgrpo.train.warm_check import warm_start_and_check
+
+        def log(record: dict) -> None:
+            if stage:
+                record = {
+                    **record,
+                    "stage": record["stage"].replace("warm_start", stage),
+                    "grpo_step": self.step,
+                }
+            self.log(record)
 
         if self.sharded:
             raise ConfigError(
@@ -470,9 +502,9 @@ class Trainer:
             done = warm_start_and_check(
                 self.policy,
                 self.make_env,
-                self.cfg.warm_start,
+                w or self.cfg.warm_start,
                 seed=self.cfg.seed,
-                log=self.log,
+                log=log,
                 progress=self.progress,
                 say=self.is_main,
             )
@@ -486,8 +518,23 @@ class Trainer:
 
             for p in self.frozen_embeddings:
                 dist.broadcast(p.data, src=0)
-        self.warm_start_steps, self.skill_check = done.steps, done.check
+        if not stage:
+            self.warm_start_steps, self.skill_check = done.steps, done.check
         return done.nll
+
+    def full_prompt_drills(self) -> None:
+        """After grpo.bare_steps: the warm start's drills again, on full prompts only and without its
+        demonstrations, until its check passes (the bare steps never showed a full prompt, so the call the
+        drills taught there may be gone). Nothing to run without drills (warm_start.drill_steps 0)."""
+        import dataclasses
+
+        self.drilled_full = True
+        w = self.cfg.warm_start
+        if w.source != "env" or w.drill_steps == 0:
+            return
+        if self.is_main:
+            print(f"grpo: step {self.step}: the bare steps are done; drills on full prompts", flush=True)
+        self.warm_start(dataclasses.replace(w, steps=0, drill_bare_steps=0), stage="full_prompt_drills")
 
     def save(self, out_dir: Path) -> None:
         """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""

@@ -200,6 +200,7 @@ def warm_start_and_check(
         drill_steps=w.drill_steps,
         drill_lr=w.drill_lr,
         drill_bare_steps=w.drill_bare_steps,
+        bare_share=w.bare_share,
         check_every=w.check_every if w.check_tasks > 0 and w.min_skill > 0 else 0,
         done=done,
     )

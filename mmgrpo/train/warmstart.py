@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from mmgrpo.env import ChatEnv, DemoTurn, Message, assistant, message_text, turn_pieces, user
+from mmgrpo.env import ChatEnv, DemoTurn, assistant, bare_prompt, turn_pieces
 from mmgrpo.errors import ConfigError
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.model.policy import Policy
@@ -84,6 +84,7 @@ def warm_start(
     drill_steps: int = 0,
     drill_lr: float | None = None,
     drill_bare_steps: int = 0,
+    bare_share: float = 0.0,
     check_every: int = 0,
     done: Callable[[int], bool] | None = None,
 ) -> float:
@@ -93,7 +94,8 @@ def warm_start(
     (``skill_probe`` of training tasks: the skill the check measures, the parts it shows untaught), at
     ``drill_lr`` (default ``lr``), then ``steps`` steps of demonstrations at ``lr``. With ``drill_bare_steps``
     the drills start with that many steps on bare prompts (``bare_prompt``: the question alone), then go on
-    with the full ones. With ``check_every`` and ``done``, the drills on full prompts (else the only phase)
+    with the full ones. With ``bare_share`` that share of the demonstrations' rows (drawn at random) is
+    on bare prompts (for ``grpo.bare_steps``, whose first steps pose them). With ``check_every`` and ``done``, the drills on full prompts (else the only phase)
     end after a step ``k`` (a multiple of ``check_every``) for which ``done(k)`` says the skill is there
     (mmgrpo.train.warm_check measures it on held-out tasks, on full prompts). When the skill is gone again
     after the demonstrations, the drills go on ("drills again") with what is left of ``drill_steps``, until
@@ -134,7 +136,9 @@ def warm_start(
 
     def demonstrations(step: int) -> TokenBatch:
         if source == "env":
-            return demonstration_batch(policy, env, task_seeds(step), rng)
+            seeds = task_seeds(step)
+            bare = [rng.random() < bare_share for _ in seeds] if bare_share > 0 else False
+            return demonstration_batch(policy, env, seeds, rng, bare=bare)
         resets = [reset_group([env], s, "train") for s in task_seeds(step)]
         answers = [info.get("answer") for _, info in resets] if "{answer}" in template else None
         targets = format_targets(template, low, high, batch_size, rng, answers, random_share)
@@ -212,18 +216,19 @@ def demonstration_batch(
     split: str = "train",
     play: Callable[[dict], list[DemoTurn]] | None = None,
     share_prefix: bool = True,
-    bare: bool = False,
+    bare: bool | list[bool] = False,
 ) -> TokenBatch:
     """The env's demonstrations of ``seeds``, played through ``step`` and laid out as the rollout lays
     out an episode: policy turns (loss 1, each ending with end-of-turn; ``Shown`` turns or pieces 0), env turns
     (loss 0) between. ``play(info)`` gives the turns instead of ``env.demonstration`` (the skill probe).
     With ``share_prefix`` the prompt prefix every row shares is encoded once (``share_common_prefix``).
     With ``bare`` each prompt is cut to ``bare_prompt`` (the tools still run and their results still
-    follow the calls)."""
+    follow the calls); a list says it per seed."""
     prompts, tools, responses, masks, images = [], [], [], [], []
-    for s in seeds:
+    bare_rows = bare if isinstance(bare, list) else [bare] * len(seeds)
+    for s, row_bare in zip(seeds, bare_rows, strict=True):
         messages, info = env.reset(seed=s, options={"split": split})
-        if bare:
+        if row_bare:
             messages, info = bare_prompt(messages), {**info, "tools": None}
         turns = (play(info) if play is not None else env.demonstration(info, rng)) or []
         ids: list[int] = []
@@ -261,23 +266,6 @@ def demonstration_batch(
         response_vision=None if response_vision.empty else response_vision,
     )
     return share_common_prefix(batch, policy.pad_token_id) if share_prefix else batch
-
-
-def bare_prompt(messages: list[Message]) -> list[Message]:
-    """The text of the prompt's last user message, alone: no system prompt, tool schemas or images.
-
-    A drill on bare prompts finds a skill such as copying a number from the question into a call in a
-    short context, where a small model's attention is not spread over hundreds of other tokens. Measured
-    on the tiny VLM (zoom_count's drill, lr 1e-3): on full prompts (344 tokens: system prompt, tool
-    schemas, image) the copied digit stayed at chance for 400 steps (2500 at 3e-4); on bare prompts
-    (about 20 tokens) it was learnt by step 275, and on full prompts after that within 50 more steps."""
-    last = next((m for m in reversed(messages) if m["role"] == "user"), None)
-    if last is None:
-        raise ConfigError(
-            "warm_start.drill_bare_steps: this env's prompt has no user message to keep as a bare prompt; "
-            "set warm_start.drill_bare_steps: 0"
-        )
-    return [user(message_text(last))]
 
 
 def share_common_prefix(batch: TokenBatch, pad_token_id: int) -> TokenBatch:

@@ -1,0 +1,119 @@
+"""grpo.bare_steps: the first steps roll out bare prompts, then the warm start's drills run again on full
+prompts (until their check passes), then GRPO goes on with full prompts and its learning-rate schedule
+starts again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mmgrpo.config.core import load_config
+from mmgrpo.train import trainer as trainer_module
+from mmgrpo.train.trainer import Trainer
+
+
+def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_path, monkeypatch):
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "grpo.steps=3",
+        "grpo.bare_steps=1",
+        "grpo.tasks_per_step=2",
+        "grpo.group_size=2",
+        "grpo.max_new_tokens=8",
+        "grpo.eval_every=0",
+        "warm_start.drill_bare_steps=0",
+        "warm_start.drill_steps=2",
+        "warm_start.batch_size=2",
+        "warm_start.check_tasks=2",
+        "warm_start.check_every=1",
+        "warm_start.min_skill=0.0",
+    ]
+    cfg = load_config("examples/tools_zoom_tiny.yaml", sets)
+    assert cfg.grpo.lr_schedule == "linear"
+    trainer = Trainer(cfg, progress=False)
+    bare_flags, drills = [], []
+    real_rollout, real_warm_start = trainer_module.rollout, Trainer.warm_start
+
+    def spy_rollout(*args, bare=False, **kw):
+        batch = real_rollout(*args, bare=bare, **kw)
+        prompts_have_images = not batch.tokens.vision.empty
+        bare_flags.append((bare, prompts_have_images, trainer.step + 1))
+        return batch
+
+    def spy_warm_start(self, w=None, stage=""):
+        drills.append((self.step, w.steps, w.drill_bare_steps, w.drill_steps, stage))
+        return real_warm_start(self, w, stage)
+
+    monkeypatch.setattr(trainer_module, "rollout", spy_rollout)
+    monkeypatch.setattr(Trainer, "warm_start", spy_warm_start)
+    trainer.train()
+    # step 1 bare (no image in the prompts), steps 2-3 full; the drills once, between steps 1 and 2
+    assert bare_flags == [(True, False, 1), (False, True, 2), (False, True, 3)]
+    assert drills == [(1, 0, 0, 2, "full_prompt_drills")]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    stages = [r.get("stage") for r in records if str(r.get("stage", "")).startswith("full_prompt_drills")]
+    assert "full_prompt_drills" in stages and "full_prompt_drills_check" in stages
+    lrs = [r["lr"] for r in records if "lr" in r and "stage" not in r]
+    # the rate each step leaves for the next: the linear schedule over step 1, then again over steps 2-3
+    # (one schedule over all three would leave 2e-4, 1e-4, 0)
+    assert lrs == [cfg.grpo.lr, cfg.grpo.lr / 2, 0.0]
+
+
+def test_a_micro_batch_without_images_gives_the_trained_vision_tower_zero_gradients(tiny_policy):
+    """DDP's buckets need every trainable parameter's gradient on every process: a micro-batch without an
+    image adds 0 x the vision parameters (microbatch.idle_vision); one with images adds nothing."""
+    import random
+
+    from mmgrpo.envs.zoom_count import ZoomCountEnv
+    from mmgrpo.train.microbatch import idle_vision
+    from mmgrpo.train.warmstart import demonstration_batch
+
+    env = ZoomCountEnv(call_prob=0.0)  # answers at once: no zoomed image
+    bare = demonstration_batch(tiny_policy, env, [0, 1], random.Random(0), bare=True)
+    full = demonstration_batch(tiny_policy, env, [0, 1], random.Random(0))
+    assert bare.vision.empty and not bare.has_response_images and not full.vision.empty
+    assert idle_vision(tiny_policy, full) == 0.0
+    touch = idle_vision(tiny_policy, bare)
+    assert float(touch.detach()) == 0.0 and touch.requires_grad
+    model = tiny_policy.model
+    vision = [p for n, p in model.named_parameters() if tiny_policy.adapter.is_vision_param(n)]
+    model.zero_grad(set_to_none=True)
+    touch.backward()
+    assert vision and all(p.grad is not None and not p.grad.any() for p in vision if p.requires_grad)
+    model.zero_grad(set_to_none=True)
+
+
+def test_two_processes_train_bare_steps_with_the_vision_tower_trained(tiny_model_dir, tmp_path):
+    """Bare prompts hold no image, and the tiny model's answers without a call hold none either: on 2
+    processes (DDP) with model.freeze_vision false, steps without images must still sync (before
+    microbatch.idle_vision: "Expected to have finished reduction" on the second step, or the processes'
+    collectives out of step when only one of them had an image)."""
+    from test_distributed import _launch
+
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "grpo.steps=3",
+        "grpo.bare_steps=2",
+        "grpo.tasks_per_step=2",
+        "grpo.group_size=2",
+        "grpo.max_new_tokens=8",
+        "grpo.eval_every=0",
+        "warm_start.steps=0",
+        "warm_start.drill_bare_steps=0",
+        "warm_start.drill_steps=0",
+        "warm_start.bare_share=0",
+    ]
+    config = Path(__file__).resolve().parents[1] / "examples" / "tools_zoom_tiny.yaml"
+    args = [
+        "-m",
+        "mmgrpo.cli.processes",
+        str(config),
+        *(x for s in sets for x in ("--set", s)),
+        "--no-progress",
+    ]
+    _launch(tmp_path, args)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "lr" in r] == [1, 2, 3]
+    assert (tmp_path / "run" / "final").is_dir()
