@@ -23,7 +23,9 @@ whatever ``image_size`` is (exactly so at 336, where the scale is 1).
 
 Demonstrations for the warm start (``warm_start.source: env``) teach only the call syntax: each is, with
 probability ``call_prob``, a ``zoom`` call on a *random* cell followed by a random count, else a random count
-at once. Which cell to zoom on, and reading the dots, is left to GRPO.
+at once. Which cell to zoom on, and reading the dots, is left to GRPO. With ``demo_cell="named"`` the call is
+on the named cell (what the skill drill teaches; ``mmgrpo demo --task zoom`` uses it, with ``cell_reward``
+paying for the first zoom on the named cell): reading the dots is GRPO's part.
 
 Determinism: a task is a pure function of ``(seed, split)`` through ``counting.scene_seed`` (train seeds map to
 even generator seeds, eval seeds to odd ones), so the splits never share a scene.
@@ -53,6 +55,7 @@ FRAME_INSET, FRAME_WIDTH = 2, 2
 FRAME_COLOR = (90, 90, 90)
 TARGET_COLOR = "red"
 IMAGE_TOOLS = ("crop", "zoom")
+DEMO_CELLS = ("random", "named")
 
 DEFAULT_SYSTEM_PROMPT = (
     "Use a tool when you need it, then answer with the number only, inside <answer></answer>."
@@ -97,8 +100,14 @@ class ZoomCountEnv(ToolEnv):
             (default False).
         tools: the image tools offered, ``["zoom"]`` (default) or ``["zoom", "crop"]`` (an entry may also be
             written ``{name: zoom}``; their settings are the env's ``zoom_size``).
-        call_prob: the share of demonstrations that call ``zoom`` (on a random cell) before answering
-            (default 0.5; the rest answer at once). Answers in demonstrations are random counts.
+        call_prob: the share of demonstrations that call ``zoom`` before answering (default 0.5; the rest
+            answer at once). Answers in demonstrations are random counts.
+        demo_cell: which cell the demonstrations zoom on: ``"random"`` (default: they teach the call's syntax
+            only) or ``"named"`` (the question's cell, as the skill drill teaches it: random-cell
+            demonstrations after the drills wear the copied cell number down again).
+        cell_reward: an env reward paid once per episode, at its first ``zoom`` on the named cell (default 0:
+            none). A process reward for looking in the right place: without it the tiny model's calls
+            drifted off the named cell under GRPO before the count could pay for the right one.
         system_prompt: the system message.
         question: the question template, formatted with ``cell``.
         timeout_s, max_result_chars, max_calls_per_turn: the tool runner's limits.
@@ -121,6 +130,8 @@ class ZoomCountEnv(ToolEnv):
         empty_frames: bool = False,
         tools: Sequence[str] = ("zoom",),
         call_prob: float = 0.5,
+        demo_cell: str = "random",
+        cell_reward: float = 0.0,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         question: str = DEFAULT_QUESTION,
         timeout_s: float = 5.0,
@@ -177,6 +188,15 @@ class ZoomCountEnv(ToolEnv):
             )
         self.tool_names = tuple(tools)
         self.call_prob = _number("call_prob", call_prob, 0.0, 1.0, "it is a probability")
+        if demo_cell not in DEMO_CELLS:
+            raise ConfigError(
+                f"ZoomCountEnv(demo_cell={demo_cell!r}): expected one of {list(DEMO_CELLS)}."
+                f"{did_you_mean(str(demo_cell), DEMO_CELLS)}"
+            )
+        self.demo_cell = demo_cell
+        self.cell_reward = _number(
+            "cell_reward", cell_reward, 0.0, 1.0, "it is added to the verifiers' reward"
+        )
         if not isinstance(system_prompt, str):
             raise ConfigError(
                 f"ZoomCountEnv(system_prompt=...): expected a str, got {type(system_prompt).__name__}"
@@ -277,19 +297,34 @@ class ZoomCountEnv(ToolEnv):
             "right_cell": any(c.name == "zoom" and c.arguments.get("cell") == info["cell"] for c in calls)
         }
 
+    def step(self, action: str) -> tuple[list, float, bool, bool, dict[str, Any]]:
+        """``ToolEnv.step``, plus ``cell_reward`` at the episode's first zoom on the named cell."""
+        had = getattr(self, "_flags", {}).get("right_cell", False)  # (step before reset: super() says so)
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.cell_reward and not had and self._flags.get("right_cell", False):
+            reward += self.cell_reward
+        return obs, reward, terminated, truncated, info
+
     def demonstration(self, info: dict[str, Any], rng: random.Random) -> list[str]:
-        """A random count, after a ``zoom`` call on a random cell with probability ``call_prob``."""
+        """A random count, after a ``zoom`` call with probability ``call_prob`` (on a random cell, or on
+        the named one with ``demo_cell="named"``)."""
         answer = f"<answer>{rng.randint(self.min_count, self.max_count)}</answer>"
         if rng.random() < self.call_prob:
-            return [tool_call_text("zoom", {"cell": rng.randint(1, GRID * GRID)}), answer]
+            named = self.demo_cell == "named"
+            cell = info["cell"] if named else rng.randint(1, GRID * GRID)
+            return [tool_call_text("zoom", {"cell": cell}), answer]
         return [answer]
 
-    skill = "copy the question's cell number into the zoom call"
+    skill = "copy the question's cell number into the zoom call, then answer in <answer></answer>"
 
     def skill_probe(self, info: dict[str, Any]) -> list[DemoTurn]:
         """The warm start's drill and check (``warm_start.drill_steps``): the ``zoom`` call on the named cell,
-        taught, then the true count, shown and not taught (counting is GRPO's part)."""
-        return [tool_call_text("zoom", {"cell": info["cell"]}), Shown(f"<answer>{info['answer']}</answer>")]
+        taught, then the answer with its tags taught and the true count shown, not taught (counting is
+        GRPO's part). The tags are taught so that the drills keep the answer's form too: after
+        ``grpo.bare_steps`` they run again on full prompts, where 300 bare GRPO steps had left the policy
+        writing 40-50 tokens after the zoomed view instead of an answer (format 0.00 for 20 steps)."""
+        count = Shown(str(info["answer"]))
+        return [tool_call_text("zoom", {"cell": info["cell"]}), ("<answer>", count, "</answer>")]
 
     @staticmethod
     def reference_turns(info: dict[str, Any]) -> list[str]:

@@ -247,6 +247,8 @@ def test_right_cell_metric_says_whether_the_named_cell_was_zoomed():
         ({"tools": "zoom"}, "tools='zoom'"),
         ({"tools": ["zoom", "zom"]}, "Did you mean 'zoom'"),
         ({"call_prob": 1.5}, "call_prob=1.5"),
+        ({"demo_cell": "name"}, "Did you mean 'named'"),
+        ({"cell_reward": 2}, "cell_reward=2"),
         ({"question": "In cell {cel}?"}, "{cell}"),
         ({"system_prompt": None}, "system_prompt"),
         ({"timeout_s": 0}, "timeout_s=0"),
@@ -295,5 +297,76 @@ def test_skill_probe_teaches_the_named_cell_and_shows_the_count():
         _, info = env.reset(seed=seed)
         call, answer = env.skill_probe(info)
         assert call == tool_call_text("zoom", {"cell": info["cell"]})
-        assert isinstance(answer, Shown) and answer.text == f"<answer>{info['count']}</answer>"
-    assert "cell number" in ZoomCountEnv.skill
+        assert answer == ("<answer>", Shown(str(info["count"])), "</answer>")  # the tags taught, the count not
+    assert "cell number" in ZoomCountEnv.skill and "<answer>" in ZoomCountEnv.skill
+
+
+def test_the_probe_teaches_the_tags_and_not_the_count(tiny_policy):
+    from mmgrpo.train.warmstart import encode_turn
+
+    env = ZoomCountEnv()
+    _, info = env.reset(seed=0)
+    _, answer = env.skill_probe(info)
+    text, ids, taught = encode_turn(tiny_policy, answer)
+    tok = tiny_policy.tokenizer
+    assert text == f"<answer>{info['count']}</answer>" and 0 < sum(taught) < len(ids)
+    assert str(info["count"]) not in tok.decode([i for i, t in zip(ids, taught, strict=True) if t])
+    assert "answer" in tok.decode([i for i, t in zip(ids, taught, strict=True) if t])
+
+
+def test_cell_reward_is_paid_once_at_the_first_zoom_on_the_named_cell():
+    env = ZoomCountEnv(cell_reward=0.3)
+    _, info = env.reset(seed=3)
+    wrong = next(c for c in range(1, 10) if c != info["cell"])
+    right = tool_call_text("zoom", {"cell": info["cell"]})
+    rewards = [env.step(turn)[1] for turn in (tool_call_text("zoom", {"cell": wrong}), right, right)]
+    assert rewards == [0.0, 0.3, 0.0] and env.step("<answer>2</answer>")[1] == 0.0
+    env.reset(seed=4)
+    assert env.step("<answer>2</answer>")[1] == 0.0  # no zoom, no reward
+    env = ZoomCountEnv()  # off by default
+    _, info = env.reset(seed=3)
+    assert env.step(tool_call_text("zoom", {"cell": info["cell"]}))[1] == 0.0
+
+
+def test_named_demonstrations_zoom_on_the_named_cell():
+    env, rng = ZoomCountEnv(demo_cell="named", call_prob=0.7), random.Random(0)
+    calls = 0
+    for seed in range(100):
+        _, info = env.reset(seed=seed)
+        *turns, answer = env.demonstration(info, rng)
+        assert turns in ([], [tool_call_text("zoom", {"cell": info["cell"]})])
+        assert re.fullmatch(r"<answer>[1-4]</answer>", answer)
+        calls += len(turns)
+    assert 55 < calls < 85  # call_prob 0.7
+    # "random" (the default) draws exactly as before the option existed
+    a, b = ZoomCountEnv(), ZoomCountEnv(demo_cell="random")
+    _, info = a.reset(seed=0)
+    assert [a.demonstration(info, random.Random(5)) for _ in range(3)] == [
+        b.demonstration(info, random.Random(5)) for _ in range(3)
+    ]
+
+
+def test_bare_rollout_poses_the_question_alone_and_still_runs_the_tool(tiny_policy):
+    """grpo.bare_steps' rollout: no system prompt, tool schemas or image in the prompt; the zoom call
+    still returns the task's cell as an image."""
+    envs = [ZoomCountEnv() for _ in range(2)]
+    _, info = envs[0].reset(seed=0)
+    script = [tool_call_text("zoom", {"cell": info["cell"]}), "<answer>2</answer>"]
+    policy = ScriptedPolicy(tiny_policy, script)
+    full = rollout(policy, envs, [0], group_size=2, max_new_tokens=24, max_turns=2)
+    bare = rollout(
+        ScriptedPolicy(tiny_policy, script),
+        envs,
+        [0],
+        group_size=2,
+        max_new_tokens=24,
+        max_turns=2,
+        bare=True,
+    )
+    assert not full.tokens.vision.empty and bare.tokens.vision.empty  # the overview is gone
+    prompt = tiny_policy.tokenizer.decode(bare.tokens.prompt_ids[0][bare.tokens.prompt_mask[0].bool()])
+    assert "<tools>" not in prompt and "system" not in prompt and f"in cell {info['cell']}?" in prompt
+    assert bare.tokens.prompt_mask.sum() < full.tokens.prompt_mask.sum() / 4
+    for t in bare.trajectories:
+        assert t.task["tools"] is None and (t.turns, t.tool_calls) == (2, 1)
+        assert t.response_vision.images_per_seq == [1] and t.env_metrics == {"right_cell": 1.0}
