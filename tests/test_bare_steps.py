@@ -1,11 +1,12 @@
 """grpo.bare_steps: the first steps roll out bare prompts, then the warm start's drills run again on full
-prompts (until their check passes), then GRPO goes on with full prompts and its learning-rate schedule
-starts again."""
+prompts (until their check passes), then GRPO goes on with full prompts."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from mmgrpo.config.core import load_config
 from mmgrpo.train import trainer as trainer_module
@@ -55,9 +56,9 @@ def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_
     stages = [r.get("stage") for r in records if str(r.get("stage", "")).startswith("full_prompt_drills")]
     assert "full_prompt_drills" in stages and "full_prompt_drills_check" in stages
     lrs = [r["lr"] for r in records if "lr" in r and "stage" not in r]
-    # the rate each step leaves for the next: the linear schedule over step 1, then again over steps 2-3
-    # (one schedule over all three would leave 2e-4, 1e-4, 0)
-    assert lrs == [cfg.grpo.lr, cfg.grpo.lr / 2, 0.0]
+    # one linear schedule over all three steps (the rate each step leaves for the next); restarting it at
+    # the switch was tried on the zoom agent and collapsed its answers (README)
+    assert lrs == pytest.approx([cfg.grpo.lr * 2 / 3, cfg.grpo.lr / 3, 0.0])
 
 
 def test_a_micro_batch_without_images_gives_the_trained_vision_tower_zero_gradients(tiny_policy):

@@ -45,20 +45,6 @@ def test_factor_values_and_unknown_name():
         )
 
 
-@pytest.mark.parametrize("name", ["constant", "linear", "cosine"])
-def test_a_restart_runs_the_schedule_twice(name):
-    """grpo.bare_steps: the schedule over [0, restart), then again over [restart, steps)."""
-    kw = dict(warmup_steps=2)
-    got = [lr_factor(name, k, steps=10, restart=4, **kw) for k in range(10)]
-    want = [lr_factor(name, k, steps=4, **kw) for k in range(4)] + [
-        lr_factor(name, k, steps=6, **kw) for k in range(6)
-    ]
-    assert got == want and got[4] == 0.0 and (name != "linear" or got[:4] == [0.0, 0.5, 1.0, 0.5])
-    assert [lr_factor(name, k, steps=10, restart=0, **kw) for k in range(10)] == [
-        lr_factor(name, k, steps=10, **kw) for k in range(10)
-    ]
-
-
 def test_building_a_trainer_imports_neither_transformers_optimization_nor_peft(tiny_model_dir, tmp_path):
     code = (
         "import sys\n"

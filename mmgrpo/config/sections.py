@@ -182,8 +182,7 @@ class GRPOConfig(Section):
     warmup_steps: int = 0
     """Steps of linear learning-rate warm-up from 0."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning-rate decay after warm-up, towards 0 at the last step (with ``bare_steps``: run once over
-    the bare steps and once over the rest)."""
+    """Learning-rate decay after warm-up, towards 0 at the last step."""
     bare_steps: int = 0
     """The first this many steps roll out bare prompts (the question alone: no system prompt, tool schemas
     or images; the tools still run on the task's data), then the rest full ones. Between the two, the warm

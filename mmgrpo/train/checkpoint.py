@@ -392,7 +392,6 @@ REBUILT_ON_RESUME = (
     "grpo.weight_decay",
     "grpo.num_iterations",
     "grpo.steps",  # compared only with a linear or cosine schedule, whose end it moves
-    "grpo.bare_steps",  # where the schedule restarts (and the prompts become full ones)
 )
 """Keys the restored optimizer and scheduler state would override: the trainer sets them again from the
 new config after loading (``mmgrpo.train.resume.rebuild_lr``); Adam's moments stay."""

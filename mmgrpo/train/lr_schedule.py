@@ -14,15 +14,9 @@ import math
 SCHEDULES = ("constant", "linear", "cosine")
 
 
-def lr_factor(name: str, step: int, *, warmup_steps: int, steps: int, restart: int = 0) -> float:
+def lr_factor(name: str, step: int, *, warmup_steps: int, steps: int) -> float:
     """The factor on the initial learning rate after ``step`` optimizer steps (0-based), for the schedule
-    ``name`` over ``steps`` steps with ``warmup_steps`` of linear warm-up from 0. With ``restart`` > 0 the
-    schedule runs twice: over steps ``[0, restart)``, then again over ``[restart, steps)`` (warm-up included:
-    ``grpo.bare_steps``' two phases)."""
-    if 0 < restart < steps:
-        if step < restart:
-            return lr_factor(name, step, warmup_steps=warmup_steps, steps=restart)
-        return lr_factor(name, step - restart, warmup_steps=warmup_steps, steps=steps - restart)
+    ``name`` over ``steps`` steps with ``warmup_steps`` of linear warm-up from 0."""
     if step < warmup_steps:
         return step / max(1, warmup_steps)
     if name == "constant":
@@ -36,11 +30,11 @@ def lr_factor(name: str, step: int, *, warmup_steps: int, steps: int, restart: i
     raise ValueError(f"unknown learning-rate schedule {name!r}; expected one of {SCHEDULES}")
 
 
-def make_scheduler(name: str, optimizer, *, warmup_steps: int, steps: int, restart: int = 0):
+def make_scheduler(name: str, optimizer, *, warmup_steps: int, steps: int):
     """A ``LambdaLR`` stepping ``optimizer``'s learning rates along ``lr_factor(name, ...)``."""
     from torch.optim.lr_scheduler import LambdaLR
 
     if name not in SCHEDULES:
         raise ValueError(f"unknown learning-rate schedule {name!r}; expected one of {SCHEDULES}")
-    factor = functools.partial(lr_factor, name, warmup_steps=warmup_steps, steps=steps, restart=restart)
+    factor = functools.partial(lr_factor, name, warmup_steps=warmup_steps, steps=steps)
     return LambdaLR(optimizer, factor)

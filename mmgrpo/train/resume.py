@@ -27,11 +27,7 @@ def rebuild_lr(cfg: Config, optimizer, scheduler) -> None:
         lr = vision_lr if group.get("name") == "vision" and vision_lr is not None else g.lr
         group.update(lr=lr, initial_lr=lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
     factors = make_scheduler(  # the new schedule's factor per optimizer step
-        g.lr_schedule,
-        optimizer,
-        warmup_steps=g.warmup_steps,
-        steps=g.steps * g.num_iterations,
-        restart=g.bare_steps * g.num_iterations,
+        g.lr_schedule, optimizer, warmup_steps=g.warmup_steps, steps=g.steps * g.num_iterations
     ).lr_lambdas
     scheduler.scheduler = LambdaLR(optimizer, factors, last_epoch=done - 1)  # constructing steps it to done
 

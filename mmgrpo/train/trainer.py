@@ -130,11 +130,7 @@ class Trainer:
             weight_decay=g.weight_decay,
         )
         self.scheduler = make_scheduler(
-            g.lr_schedule,
-            self.optimizer,
-            warmup_steps=g.warmup_steps,
-            steps=g.steps * g.num_iterations,
-            restart=g.bare_steps * g.num_iterations,
+            g.lr_schedule, self.optimizer, warmup_steps=g.warmup_steps, steps=g.steps * g.num_iterations
         )
         if self.sharded:  # sharded above (mmgrpo.train.fsdp); accelerate keeps the scheduler's state
             from accelerate.scheduler import AcceleratedScheduler
