@@ -18,10 +18,11 @@ DEMO_CONFIGS = {
     "tools": "examples/tools_math_tiny.yaml",  # the tiny model learns to use a calculator
     "tools_lookup": "examples/tools_lookup_tiny.yaml",  # ... to look a price up over HTTP, then multiply
     "text_math": "examples/text_math_tiny.yaml",  # the tiny text-only model learns addition
+    "zoom": "examples/tools_zoom_tiny.yaml",  # the tiny VLM learns to count dots in the cell it zooms on
 }
 TEXT_ONLY_DEMOS = {"text_math"}  # built on the tiny text-only causal LM, not the tiny VLM
 # on the tiny VLM after its perception pretraining (tiny-model --sees)
-SEEING_DEMOS = {"counting", "counting_hard"}
+SEEING_DEMOS = {"counting", "counting_hard", "zoom"}
 MARKING_DEMOS = {"counting_hard"}  # ... and then taught which cells hold a kind named before the image
 DEMO_CONFIG = DEMO_CONFIGS["counting"]
 
