@@ -95,11 +95,11 @@ def warm_start(
     ``drill_lr`` (default ``lr``), then ``steps`` steps of demonstrations at ``lr``. With ``drill_bare_steps``
     the drills start with that many steps on bare prompts (``bare_prompt``: the question alone), then go on
     with the full ones. With ``bare_share`` that share of the demonstrations' rows (drawn at random) is
-    on bare prompts (for ``grpo.bare_steps``, whose first steps pose them). With ``check_every`` and ``done``, the drills on full prompts (else the only phase)
-    end after a step ``k`` (a multiple of ``check_every``) for which ``done(k)`` says the skill is there
-    (mmgrpo.train.warm_check measures it on held-out tasks, on full prompts). When the skill is gone again
-    after the demonstrations, the drills go on ("drills again") with what is left of ``drill_steps``, until
-    the check passes."""
+    on bare prompts (for ``grpo.bare_steps``, whose first steps pose them). With ``check_every`` and
+    ``done``, the drills on full prompts (else the only phase) end after a step ``k`` (a multiple of
+    ``check_every``) for which ``done(k)`` says the skill is there (mmgrpo.train.warm_check measures it
+    on held-out tasks, on full prompts). When the skill is gone again after the demonstrations, the drills
+    go on ("drills again") with what is left of ``drill_steps``, until the check passes."""
     from tqdm.auto import tqdm
 
     rng = random.Random(seed)
