@@ -61,6 +61,52 @@ def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_
     assert lrs == pytest.approx([cfg.grpo.lr * 2 / 3, cfg.grpo.lr / 3, 0.0])
 
 
+@pytest.mark.parametrize("rate_at_switch", [0.5, 1.0])
+def test_the_switch_checks_first_and_drills_only_when_the_skill_is_short(
+    tiny_model_dir, tmp_path, monkeypatch, rate_at_switch
+):
+    """At the switch the check on full prompts runs first: at min_skill the drills are skipped (drilling a
+    policy that already passes cost the zoom agent's seed 0 its answers), below it they run until it passes."""
+    from mmgrpo.train import warm_check
+    from mmgrpo.train.warm_check import SkillCheck
+
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "grpo.steps=2",
+        "grpo.bare_steps=1",
+        "grpo.tasks_per_step=2",
+        "grpo.group_size=2",
+        "grpo.max_new_tokens=8",
+        "grpo.eval_every=0",
+        "warm_start.drill_bare_steps=0",
+        "warm_start.drill_steps=4",
+        "warm_start.batch_size=2",
+        "warm_start.check_tasks=2",
+        "warm_start.check_every=1",
+        "warm_start.min_skill=0.9",
+    ]
+    trainer = Trainer(load_config("examples/tools_zoom_tiny.yaml", sets), progress=False)
+    rates = iter([rate_at_switch, 0.5, 1.0])  # the check before drilling, then after drill steps 1 and 2
+    checked = []
+
+    def fake_check(policy, make_env, **kw):
+        checked.append(kw["tasks"])
+        return SkillCheck("the skill", int(2 * next(rates)), 2)
+
+    monkeypatch.setattr(warm_check, "check_skill", fake_check)
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    drill_steps = [r["step"] for r in records if r.get("stage") == "full_prompt_drills"]
+    checks = [(r["step"], r["rate"]) for r in records if r.get("stage") == "full_prompt_drills_check"]
+    if rate_at_switch >= 0.9:
+        assert drill_steps == [] and checks == [(0, 1.0)] and checked == [2]
+    else:
+        assert drill_steps == [1, 2] and checks == [(0, 0.5), (1, 0.5), (2, 1.0)]
+    assert all(r["grpo_step"] == 1 for r in records if str(r.get("stage", "")).startswith("full_prompt"))
+    assert [r["step"] for r in records if "lr" in r and "stage" not in r] == [1, 2]
+
+
 def test_a_micro_batch_without_images_gives_the_trained_vision_tower_zero_gradients(tiny_policy):
     """DDP's buckets need every trainable parameter's gradient on every process: a micro-batch without an
     image adds 0 x the vision parameters (microbatch.idle_vision); one with images adds nothing."""

@@ -345,14 +345,7 @@ class Trainer:
         from tqdm.auto import tqdm
 
         g = self.cfg.grpo
-        w = self.cfg.warm_start
-        if (
-            self.sharded
-            and g.bare_steps
-            and w.source == "env"
-            and w.drill_steps
-            and self.step <= g.bare_steps
-        ):
+        if self.sharded and self.drills_at_switch and self.step <= g.bare_steps:
             raise ConfigError(
                 "grpo.bare_steps: after the bare steps the warm start's drills run again on whole weights, and "
                 "this run shards them (FSDP): set warm_start.drill_steps: 0 (no drills between the phases), "
@@ -518,16 +511,50 @@ class Trainer:
             self.warm_start_steps, self.skill_check = done.steps, done.check
         return done.nll
 
+    @property
+    def drills_at_switch(self) -> bool:
+        """Whether the warm start's drills may run again after ``grpo.bare_steps`` (full_prompt_drills)."""
+        w = self.cfg.warm_start
+        return bool(self.cfg.grpo.bare_steps and w.source == "env" and w.drill_steps)
+
     def full_prompt_drills(self) -> None:
-        """After grpo.bare_steps: the warm start's drills again, on full prompts only and without its
-        demonstrations, until its check passes (the bare steps never showed a full prompt, so the call the
-        drills taught there may be gone). Nothing to run without drills (warm_start.drill_steps 0)."""
+        """After grpo.bare_steps: the warm start's check on full prompts first (the bare steps never showed
+        one, so the call the drills taught there may be gone); only when it falls short, the drills again,
+        on full prompts only and without the demonstrations, until the check passes. Drilling a policy that
+        already passes is not free: on the zoom agent they started at nll 0.003 and ran 50 steps at the
+        warm start's lr with a fresh optimizer, after which seed 0 wrote no answer for 45 steps."""
         import dataclasses
 
+        from mmgrpo.train.warm_check import check_skill
+
         self.drilled_full = True
-        w = self.cfg.warm_start
-        if w.source != "env" or w.drill_steps == 0:
+        if not self.drills_at_switch:
             return
+        w = self.cfg.warm_start
+        if w.check_tasks > 0 and w.min_skill > 0:
+            with outside_ddp(self.policy):
+                check = check_skill(
+                    self.policy, self.make_env, source=w.source, template=w.target, tasks=w.check_tasks
+                )
+            if check is not None:
+                # the main process's finding decides on every process (they drill together or not at all)
+                check = gather_objects(self.accelerator, check)[0]
+                self.log(
+                    {
+                        "stage": "full_prompt_drills_check",
+                        "step": 0,
+                        "rate": check.rate,
+                        "n": check.n,
+                        "grpo_step": self.step,
+                    }
+                )
+                if check.rate >= w.min_skill:
+                    if self.is_main:
+                        print(
+                            f"grpo: step {self.step}: the bare steps are done; on full prompts {check.line()}: no drills",
+                            flush=True,
+                        )
+                    return
         if self.is_main:
             print(f"grpo: step {self.step}: the bare steps are done; drills on full prompts", flush=True)
         self.warm_start(dataclasses.replace(w, steps=0, drill_bare_steps=0), stage="full_prompt_drills")
