@@ -325,3 +325,24 @@ def test_processes_may_run_different_numbers_of_forwards(tiny_model_dir, tmp_pat
     grads = [json.loads((tmp_path / f"grad{r}.json").read_text()) for r in (0, 1)]
     assert grads[0]["norm"] > 0
     assert grads[0]["first"] == pytest.approx(grads[1]["first"], rel=1e-5, abs=1e-9)
+
+
+def test_a_command_that_succeeded_leaves_its_process_group(tmp_path, capsys):
+    """A process of `accelerate launch` destroys its group before exit (left to the interpreter's teardown,
+    gloo aborted a 2-process test now and then: `terminate called without an active exception`); a
+    command that failed leaves it (its peers may be inside a collective)."""
+    import torch.distributed as dist
+
+    from mmgrpo.cli.app import main
+
+    for argv, code, joined in ((["plot", str(tmp_path / "missing")], 2, True), (["list"], 0, False)):
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store'}{code}", rank=0, world_size=1
+        )
+        try:
+            assert main(argv) == code
+            assert dist.is_initialized() == joined
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    capsys.readouterr()

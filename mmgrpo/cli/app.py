@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "no_progress", False):
         library_bars_off()
     try:
-        return args.fn(args)
+        code = args.fn(args)
     except MmgrpoError as exc:
         if debug:
             raise
@@ -206,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         line = str(exc) if isinstance(exc, Interrupted) else "mmgrpo: interrupted; nothing saved"
         print(f"\n{line}", file=sys.stderr, flush=True)
         return 130
+    if code == 0 and "torch.distributed" in sys.modules:  # a process of `accelerate launch`: leave its group
+        from mmgrpo.train.distributed import leave_process_group
+
+        leave_process_group()
+    return code
 
 
 if __name__ == "__main__":

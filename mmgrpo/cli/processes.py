@@ -84,6 +84,7 @@ def worker(argv: list[str] | None = None) -> int:
     import torch
 
     from mmgrpo.config.core import load_config
+    from mmgrpo.train.distributed import leave_process_group
     from mmgrpo.train.trainer import Trainer
 
     ap = argparse.ArgumentParser(prog="mmgrpo.cli.processes")
@@ -98,6 +99,7 @@ def worker(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     trainer = Trainer(load_config(args.config, args.set), progress=not args.no_progress)
     trainer.train()
+    leave_process_group()
     return 0
 
 
