@@ -164,3 +164,44 @@ def test_two_processes_train_bare_steps_with_the_vision_tower_trained(tiny_model
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "lr" in r] == [1, 2, 3]
     assert (tmp_path / "run" / "final").is_dir()
+
+
+def test_a_switch_whose_drills_fail_keeps_the_bare_steps_in_a_checkpoint(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """WarmStartError at the switch writes checkpoint-{bare_steps} first and names it (the bare steps are
+    the run's longest phase); a resume from it runs the drills again."""
+    from mmgrpo.errors import WarmStartError
+    from mmgrpo.train import warm_check
+    from mmgrpo.train.warm_check import SkillCheck
+
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "grpo.steps=2",
+        "grpo.bare_steps=1",
+        "grpo.tasks_per_step=2",
+        "grpo.group_size=2",
+        "grpo.max_new_tokens=8",
+        "grpo.eval_every=0",
+        "warm_start.drill_bare_steps=0",
+        "warm_start.drill_steps=2",
+        "warm_start.batch_size=2",
+        "warm_start.check_tasks=2",
+        "warm_start.check_every=1",
+        "warm_start.min_skill=0.9",
+    ]
+    cfg = load_config("examples/tools_zoom_tiny.yaml", sets)
+    monkeypatch.setattr(warm_check, "check_skill", lambda *a, **kw: SkillCheck("the skill", 0, 2))
+    with pytest.raises(WarmStartError, match=r"after grpo.bare_steps, on full prompts: .*checkpoint-1"):
+        Trainer(cfg, progress=False).train()
+    assert (tmp_path / "run" / "checkpoint-1").is_dir()
+    again = Trainer(cfg, progress=False)
+    again.resume(tmp_path / "run" / "checkpoint-1")
+    monkeypatch.setattr(warm_check, "check_skill", lambda *a, **kw: SkillCheck("the skill", 2, 2))
+    again.train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "lr" in r and "stage" not in r] == [1, 2]
+    # the failed run's checks (before drilling, after drill steps 1 and 2) stay on record; then the resume's
+    checks = [r["rate"] for r in records if r.get("stage") == "full_prompt_drills_check"]
+    assert checks == [0.0, 0.0, 0.0, 1.0]

@@ -148,6 +148,12 @@ def test_resume_changes_say_what_each_change_does():
     lora = {k: v for k, v in now.items() if k != "model.lora"} | {"model.lora.r": 4}
     assert resume_changes(saved, lora).refused[0].startswith("model.lora was off in the checkpoint's run")
     assert resume_changes(saved, saved).warning(Path("ckpt"), 2) is None
+    # with grpo.bare_steps the drills at the switch read warm_start: applied up to it, unused after it
+    bare = {"grpo.bare_steps": 3}
+    for step, applied in ((2, True), (3, True), (4, False)):
+        c = resume_changes(saved | bare, now | bare | {"model.path": str(ROOT)}, step)
+        assert ("warm_start.steps 100 -> 5 (at the drills after grpo.bare_steps)" in c.applied) == applied
+        assert (c.not_used == ["warm_start.steps 100 -> 5"]) == (not applied)
 
 
 @pytest.mark.parametrize(

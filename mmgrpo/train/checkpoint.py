@@ -406,7 +406,8 @@ NO_EFFECT_ON_TRAINING = (
 """Keys (or prefixes) that change what is written, not what is trained."""
 
 NOT_USED_ON_RESUME = ("warm_start.", "sft.")
-"""Sections a resumed run never reads (the warm start ran before GRPO's first step)."""
+"""Sections a resumed run never reads (the warm start ran before GRPO's first step; warm_start is read
+again by the drills after ``grpo.bare_steps``, so it is unused only when the checkpoint is past them)."""
 
 
 @dataclass
@@ -446,11 +447,13 @@ class ResumeChanges:
         return f"mmgrpo: warning: resuming {path} (step {step}) with a changed config. " + " ".join(parts)
 
 
-def resume_changes(saved: dict[str, Any], current: dict[str, Any]) -> ResumeChanges:
+def resume_changes(saved: dict[str, Any], current: dict[str, Any], step: int | None = None) -> ResumeChanges:
     """How each difference between the checkpoint's flat config and this run's is taken on resume
     (output_dir aside; grpo.steps only where it moves the end of a linear or cosine schedule: extending
-    a run is a normal resume)."""
+    a run is a normal resume). With the checkpoint's ``step`` at or before ``grpo.bare_steps``, the
+    warm_start section is applied, not unused: the drills at the switch to full prompts read it."""
     out = ResumeChanges()
+    drills_ahead = step is not None and step <= int(current.get("grpo.bare_steps") or 0)
     keys = sorted((set(saved) | set(current)) - {"output_dir", "grpo.steps"})
     if current.get("grpo.lr_schedule", "constant") != "constant":
         keys.append("grpo.steps")
@@ -478,6 +481,8 @@ def resume_changes(saved: dict[str, Any], current: dict[str, Any]) -> ResumeChan
             )
         elif key in REBUILT_ON_RESUME:
             out.rebuilt.append(line)
+        elif key.startswith("warm_start.") and drills_ahead:
+            out.applied.append(line + " (at the drills after grpo.bare_steps)")
         elif key.startswith(NOT_USED_ON_RESUME):
             out.not_used.append(line)
         elif key.startswith(NO_EFFECT_ON_TRAINING):

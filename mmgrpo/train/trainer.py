@@ -29,7 +29,7 @@ import torch
 
 from mmgrpo.config.core import Config, config_to_dict, save_config
 from mmgrpo.config.sections import WarmStartConfig
-from mmgrpo.errors import ConfigError, EnvError
+from mmgrpo.errors import ConfigError, EnvError, WarmStartError
 from mmgrpo.grpo.advantages import combine_advantages, group_advantages, group_size_at
 from mmgrpo.grpo.kl_control import AdaptiveKLController, FixedKLController
 from mmgrpo.model.adapters import embedding_parameters
@@ -416,7 +416,9 @@ class Trainer:
         if Path(path).resolve() == (self.out / f"checkpoint-{self.step}").resolve():
             self._saved_step = self.step  # a stop before the next step need not write it again
         if self.is_main:
-            line = resume_changes(state.get("config", {}), self.flat_config).warning(path, self.step)
+            line = resume_changes(state.get("config", {}), self.flat_config, self.step).warning(
+                path, self.step
+            )
             if line:
                 print(line, file=sys.stderr, flush=True)
             truncate_metrics(self.metrics_path, self.step)
@@ -557,7 +559,15 @@ class Trainer:
                     return
         if self.is_main:
             print(f"grpo: step {self.step}: the bare steps are done; drills on full prompts", flush=True)
-        self.warm_start(dataclasses.replace(w, steps=0, drill_bare_steps=0), stage="full_prompt_drills")
+        try:
+            self.warm_start(dataclasses.replace(w, steps=0, drill_bare_steps=0), stage="full_prompt_drills")
+        except WarmStartError as exc:
+            path = self.save_checkpoint()  # the bare steps are not lost: a resume from it drills again
+            raise WarmStartError(
+                f"after grpo.bare_steps, on full prompts: {exc}. The run so far is kept in {path} (its weights "
+                "with the drills done): resume it with --resume and more warm_start.drill_steps (or a higher "
+                "warm_start.lr), which the drills there read again"
+            ) from None
 
     def save(self, out_dir: Path) -> None:
         """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""
