@@ -1,8 +1,8 @@
 """The embedded demos, end to end, each asserting its done-when on held-out accuracy (n = 200).
 
-Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, counting_hard, text_math, tools
-and tools_lookup demos after the fast tests). On 2 CPU cores: counting about 3 minutes, text_math about 2,
-tools about 6, tools_lookup about 12, counting_hard about 8.
+Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, counting_hard, text_math, tools,
+tools_lookup and zoom demos after the fast tests). On 2 CPU cores: counting about 3 minutes, text_math about 2,
+tools about 6, tools_lookup about 12, counting_hard about 8, zoom about 15.
 `--demo-set KEY=VALUE` adds an override to every demo here, e.g. `--demo-set seed=1`, or
 `--demo-set grpo.steps=5` to see a demo fall short and its test fail.
 """
@@ -61,6 +61,19 @@ def test_demo_learns_to_look_up_then_multiply(tmp_path, capsys, demo_sets):
     # what GRPO changed is the first call: a lookup when the question states no price
     before, after = summary["tool_use_before"], summary["tool_use_after"]
     assert after["env/lookup_unpriced"] - before["env/lookup_unpriced"] >= 0.5, summary
+
+
+@pytest.mark.slow
+def test_demo_learns_to_count_in_the_zoomed_view(tmp_path, capsys, demo_sets):
+    """The zoom agent on the tiny model that sees: the warm start teaches the call on the named cell and the
+    answer's form (counts at random, so before is chance), GRPO must read the count in the zoomed view (bare
+    prompts first, then full ones) and keep zooming on the named cell."""
+    summary = run_demo("zoom", tmp_path, capsys, demo_sets)
+    assert summary["before"] <= 0.30 and summary["after"] >= 0.80, summary
+    after = summary["tool_use_after"]
+    assert after["env/right_cell"] >= 0.9 and after["tools/used_frac"] >= 0.9, summary
+    table = summary["answers_after"]
+    assert all(row.get(true, 0) > 0 for true, row in table.items()), table  # every count read somewhere
 
 
 @pytest.mark.slow

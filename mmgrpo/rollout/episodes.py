@@ -34,6 +34,7 @@ images, and ``group_ids`` (N,): row i belongs to the task ``group_ids[i]`` (rows
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,13 +153,14 @@ def rollout(
     max_turns: int = 1,
     max_episode_tokens: int | None = None,
     kv_across_turns: bool = True,
-    bare: bool = False,
+    bare: bool | Sequence[bool] = False,
 ) -> RolloutBatch:
     """Run len(seeds) * group_size episodes; ``envs`` holds that many env instances (row order).
 
     ``kv_across_turns=False`` encodes every live row's whole sequence again at each turn (the way before
     the cache was kept; the tests compare both). ``bare=True`` cuts each prompt to ``bare_prompt`` (the
-    question alone: no system prompt, tool schemas or images; the tools still run on the task's own data)."""
+    question alone: no system prompt, tool schemas or images; the tools still run on the task's own data);
+    a sequence says it per seed."""
     if max_turns < 1:
         raise ConfigError(f"env.max_turns={max_turns}: an episode needs at least one policy turn")
     B, G = len(seeds), group_size
@@ -167,10 +169,13 @@ def rollout(
         raise ValueError(f"rollout needs {N} envs for {B} tasks x G={G}, got {len(envs)}")
     budget = max_episode_tokens or 10**9  # response tokens (policy and env) an episode may hold
     prompts, tasks, kept, failed = [], [], [], []
+    bare_tasks = [bare] * B if isinstance(bare, bool) else list(bare)
+    if len(bare_tasks) != B:
+        raise ValueError(f"rollout: bare has {len(bare_tasks)} flags for {B} tasks")
     for b, seed in enumerate(seeds):
         try:
             obs, info = reset_group(envs[b * G : (b + 1) * G], seed, split)
-            if bare:
+            if bare_tasks[b]:
                 obs, info = bare_prompt(obs), {**info, "tools": None}
         except Exception as exc:  # a task the env cannot pose is data: leave it out, say which
             failed.append((seed, f"{type(exc).__name__}: {exc}"))

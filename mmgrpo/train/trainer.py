@@ -294,6 +294,12 @@ class Trainer:
         self.task_cursor += B
         return shard(seeds, self.rank, self.world)
 
+    def bare_task(self, seed: int) -> bool:
+        """Whether task ``seed`` of this step is posed bare: during grpo.bare_steps, a grpo.bare_share of
+        the tasks, spread evenly over the seed stream (the golden ratio's multiples mod 1)."""
+        g = self.cfg.grpo
+        return self.step < g.bare_steps and (seed * 0.6180339887498949) % 1.0 < g.bare_share
+
     def rollout_tasks(self, seeds: list[int], G: int) -> RolloutBatch:
         """Roll out ``seeds``, G episodes each; every process learns whether any failed entirely."""
         g = self.cfg.grpo
@@ -311,7 +317,7 @@ class Trainer:
                     top_k=g.top_k,
                     max_turns=self.cfg.env.max_turns,
                     max_episode_tokens=self.cfg.env.max_episode_tokens,
-                    bare=self.step < g.bare_steps,
+                    bare=[self.bare_task(s) for s in seeds],
                 )
             error = None
         except EnvError as exc:  # every task of this process failed to reset
