@@ -61,6 +61,51 @@ def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_
     assert lrs == pytest.approx([cfg.grpo.lr * 2 / 3, cfg.grpo.lr / 3, 0.0])
 
 
+def test_bare_share_poses_that_share_of_the_tasks_bare_during_the_bare_steps(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """grpo.bare_share 0.5: about half of each bare step's tasks bare (by seed), the others full; after
+    bare_steps every task full."""
+    sets = [
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        "grpo.steps=3",
+        "grpo.bare_steps=2",
+        "grpo.bare_share=0.5",
+        "grpo.tasks_per_step=4",
+        "grpo.group_size=2",
+        "grpo.max_new_tokens=8",
+        "grpo.eval_every=0",
+        "warm_start.drill_steps=0",
+        "warm_start.drill_bare_steps=0",
+    ]
+    trainer = Trainer(load_config("examples/tools_zoom_tiny.yaml", sets), progress=False)
+    seen = []
+    real_rollout = trainer_module.rollout
+
+    def spy_rollout(policy, envs, seeds, *args, bare=False, **kw):
+        batch = real_rollout(policy, envs, seeds, *args, bare=bare, **kw)
+        per_seq = batch.tokens.vision.images_per_seq  # the prompts' images, per row (or per task)
+        per = len(per_seq) // len(seeds)
+        images = [per_seq[b * per] > 0 for b in range(len(seeds))]
+        seen.append((list(seeds), list(bare), images))
+        return batch
+
+    monkeypatch.setattr(trainer_module, "rollout", spy_rollout)
+    trainer.train()
+    # seeds 0-3, 4-7 bare by the golden-ratio rule (0, 2, 4, 5 and 7 of them), 8-11 all full
+    assert [flags for _, flags, _ in seen] == [
+        [True, False, True, False],
+        [True, True, False, True],
+        [False] * 4,
+    ]
+    assert all(
+        has_image == (not flag)
+        for _, flags, images in seen
+        for flag, has_image in zip(flags, images, strict=True)
+    )
+
+
 @pytest.mark.parametrize("rate_at_switch", [0.5, 1.0])
 def test_the_switch_checks_first_and_drills_only_when_the_skill_is_short(
     tiny_model_dir, tmp_path, monkeypatch, rate_at_switch

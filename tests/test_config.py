@@ -297,3 +297,6 @@ def test_bare_steps_must_leave_full_steps():
     with pytest.raises(ConfigError, match=r"grpo.bare_steps.*must be below steps \(100\)"):
         load_config(None, ["grpo.steps=100", "grpo.bare_steps=100"])
     assert load_config(None, ["grpo.steps=100", "grpo.bare_steps=60"]).grpo.bare_steps == 60
+    for share in ("0", "1.5"):
+        with pytest.raises(ConfigError, match=r"grpo.bare_share.*must be in \(0, 1\]"):
+            load_config(None, [f"grpo.bare_share={share}"])

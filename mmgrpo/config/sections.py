@@ -185,9 +185,10 @@ class GRPOConfig(Section):
     """Learning-rate decay after warm-up, towards 0 at the last step."""
     bare_steps: int = 0
     """The first this many steps roll out bare prompts (the question alone: no system prompt, tool schemas
-    or images; the tools still run on the task's data), then the rest full ones. Between the two, the warm
-    start's drills (``warm_start.drill_steps`` > 0 with ``source: env``) run again on full prompts until its
-    check passes, since the bare steps never showed a full prompt. A curriculum for a small model that finds
+    or images; the tools still run on the task's data; see ``bare_share``), then the rest full ones. Between
+    the two the warm start's check runs on full prompts, and when it falls short its drills
+    (``warm_start.drill_steps`` > 0 with ``source: env``) run again on full prompts until it passes (a
+    checkpoint is written if they fail). A curriculum for a small model that finds
     a skill in a short context only: measured on the zoom agent, the count in the zoomed view was learnt on
     bare prompts and then carried to full ones, where alone it stayed at chance (README). 0 = full prompts
     throughout."""
