@@ -19,6 +19,7 @@ def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_
         f"output_dir={tmp_path / 'run'}",
         "grpo.steps=3",
         "grpo.bare_steps=1",
+        "grpo.bare_share=1",
         "grpo.tasks_per_step=2",
         "grpo.group_size=2",
         "grpo.max_new_tokens=8",
@@ -39,7 +40,7 @@ def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_
     def spy_rollout(*args, bare=False, **kw):
         batch = real_rollout(*args, bare=bare, **kw)
         prompts_have_images = not batch.tokens.vision.empty
-        bare_flags.append((bare, prompts_have_images, trainer.step + 1))
+        bare_flags.append((all(bare), prompts_have_images, trainer.step + 1))  # grpo.bare_share 1: every task
         return batch
 
     def spy_warm_start(self, w=None, stage=""):
