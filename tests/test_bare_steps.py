@@ -12,25 +12,33 @@ from mmgrpo.config.core import load_config
 from mmgrpo.train import trainer as trainer_module
 from mmgrpo.train.trainer import Trainer
 
+DRILL_CHECK = ("warm_start.batch_size=2", "warm_start.check_tasks=2", "warm_start.check_every=1")
+
+
+def _sets(model_dir: Path, tmp_path: Path, *more: str) -> list[str]:
+    """A few-step run of the zoom example on the tiny model: 2 tasks x G=2, 8 new tokens, no evaluations,
+    no bare drills; ``more`` adds keys."""
+    common = ["grpo.tasks_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=8", "grpo.eval_every=0"]
+    return [
+        f"model.path={model_dir}",
+        f"output_dir={tmp_path / 'run'}",
+        *common,
+        "warm_start.drill_bare_steps=0",
+        *more,
+    ]
+
 
 def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_path, monkeypatch):
-    sets = [
-        f"model.path={tiny_model_dir}",
-        f"output_dir={tmp_path / 'run'}",
+    sets = _sets(
+        tiny_model_dir,
+        tmp_path,
         "grpo.steps=3",
         "grpo.bare_steps=1",
         "grpo.bare_share=1",
-        "grpo.tasks_per_step=2",
-        "grpo.group_size=2",
-        "grpo.max_new_tokens=8",
-        "grpo.eval_every=0",
-        "warm_start.drill_bare_steps=0",
         "warm_start.drill_steps=2",
-        "warm_start.batch_size=2",
-        "warm_start.check_tasks=2",
-        "warm_start.check_every=1",
         "warm_start.min_skill=0.0",
-    ]
+        *DRILL_CHECK,
+    )
     cfg = load_config("examples/tools_zoom_tiny.yaml", sets)
     assert cfg.grpo.lr_schedule == "linear"
     trainer = Trainer(cfg, progress=False)
@@ -67,19 +75,15 @@ def test_bare_share_poses_that_share_of_the_tasks_bare_during_the_bare_steps(
 ):
     """grpo.bare_share 0.5: about half of each bare step's tasks bare (by seed), the others full; after
     bare_steps every task full."""
-    sets = [
-        f"model.path={tiny_model_dir}",
-        f"output_dir={tmp_path / 'run'}",
+    sets = _sets(
+        tiny_model_dir,
+        tmp_path,
         "grpo.steps=3",
         "grpo.bare_steps=2",
         "grpo.bare_share=0.5",
         "grpo.tasks_per_step=4",
-        "grpo.group_size=2",
-        "grpo.max_new_tokens=8",
-        "grpo.eval_every=0",
         "warm_start.drill_steps=0",
-        "warm_start.drill_bare_steps=0",
-    ]
+    )
     trainer = Trainer(load_config("examples/tools_zoom_tiny.yaml", sets), progress=False)
     seen = []
     real_rollout = trainer_module.rollout
@@ -116,22 +120,15 @@ def test_the_switch_checks_first_and_drills_only_when_the_skill_is_short(
     from mmgrpo.train import warm_check
     from mmgrpo.train.warm_check import SkillCheck
 
-    sets = [
-        f"model.path={tiny_model_dir}",
-        f"output_dir={tmp_path / 'run'}",
+    sets = _sets(
+        tiny_model_dir,
+        tmp_path,
         "grpo.steps=2",
         "grpo.bare_steps=1",
-        "grpo.tasks_per_step=2",
-        "grpo.group_size=2",
-        "grpo.max_new_tokens=8",
-        "grpo.eval_every=0",
-        "warm_start.drill_bare_steps=0",
         "warm_start.drill_steps=4",
-        "warm_start.batch_size=2",
-        "warm_start.check_tasks=2",
-        "warm_start.check_every=1",
         "warm_start.min_skill=0.9",
-    ]
+        *DRILL_CHECK,
+    )
     trainer = Trainer(load_config("examples/tools_zoom_tiny.yaml", sets), progress=False)
     rates = iter([rate_at_switch, 0.5, 1.0])  # the check before drilling, then after drill steps 1 and 2
     checked = []
@@ -184,20 +181,15 @@ def test_two_processes_train_bare_steps_with_the_vision_tower_trained(tiny_model
     collectives out of step when only one of them had an image)."""
     from test_distributed import _launch
 
-    sets = [
-        f"model.path={tiny_model_dir}",
-        f"output_dir={tmp_path / 'run'}",
+    sets = _sets(
+        tiny_model_dir,
+        tmp_path,
         "grpo.steps=3",
         "grpo.bare_steps=2",
-        "grpo.tasks_per_step=2",
-        "grpo.group_size=2",
-        "grpo.max_new_tokens=8",
-        "grpo.eval_every=0",
         "warm_start.steps=0",
-        "warm_start.drill_bare_steps=0",
         "warm_start.drill_steps=0",
         "warm_start.bare_share=0",
-    ]
+    )
     config = Path(__file__).resolve().parents[1] / "examples" / "tools_zoom_tiny.yaml"
     args = [
         "-m",
@@ -221,22 +213,15 @@ def test_a_switch_whose_drills_fail_keeps_the_bare_steps_in_a_checkpoint(
     from mmgrpo.train import warm_check
     from mmgrpo.train.warm_check import SkillCheck
 
-    sets = [
-        f"model.path={tiny_model_dir}",
-        f"output_dir={tmp_path / 'run'}",
+    sets = _sets(
+        tiny_model_dir,
+        tmp_path,
         "grpo.steps=2",
         "grpo.bare_steps=1",
-        "grpo.tasks_per_step=2",
-        "grpo.group_size=2",
-        "grpo.max_new_tokens=8",
-        "grpo.eval_every=0",
-        "warm_start.drill_bare_steps=0",
         "warm_start.drill_steps=2",
-        "warm_start.batch_size=2",
-        "warm_start.check_tasks=2",
-        "warm_start.check_every=1",
         "warm_start.min_skill=0.9",
-    ]
+        *DRILL_CHECK,
+    )
     cfg = load_config("examples/tools_zoom_tiny.yaml", sets)
     monkeypatch.setattr(warm_check, "check_skill", lambda *a, **kw: SkillCheck("the skill", 0, 2))
     with pytest.raises(WarmStartError, match=r"after grpo.bare_steps, on full prompts: .*checkpoint-1"):

@@ -346,3 +346,20 @@ def test_a_command_that_succeeded_leaves_its_process_group(tmp_path, capsys):
             if dist.is_initialized():
                 dist.destroy_process_group()
     capsys.readouterr()
+
+
+def test_a_launched_process_exits_right_after_leaving_its_group(tmp_path):
+    """Under torchrun (LOCAL_RANK set) a command that succeeded exits at once after destroying its group,
+    its output flushed, skipping the interpreter's teardown (where gloo aborted: see
+    mmgrpo.train.distributed.leave_process_group)."""
+    script = (
+        "import sys, torch.distributed as dist\n"
+        "from mmgrpo.cli.app import main\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
+        "code = main(['list'])\n"
+        "print('returned', code)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOCAL_RANK": "0"}
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "counting" in res.stdout and "returned" not in res.stdout, res.stdout[-2000:]

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if code == 0 and "torch.distributed" in sys.modules:  # a process of `accelerate launch`: leave its group
         from mmgrpo.train.distributed import leave_process_group
 
-        leave_process_group()
+        leave_process_group(code)  # in a launched process: exits here
     return code
 
 

@@ -99,7 +99,7 @@ def worker(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     trainer = Trainer(load_config(args.config, args.set), progress=not args.no_progress)
     trainer.train()
-    leave_process_group()
+    leave_process_group(0)  # exits here
     return 0
 
 

@@ -13,6 +13,7 @@ single-process run computes exactly what it computed before multi-process suppor
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 import torch
@@ -101,16 +102,24 @@ def reduce_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def leave_process_group() -> None:
-    """Destroy the default process group, when this process joined one, before the interpreter exits.
-    Left to the interpreter's teardown, gloo's worker threads may still hold work as Python shuts down and
-    the process aborts (``terminate called without an active exception``, SIGABRT: a 2-process test in 2
-    of 4 fresh-clone CI runs). Call it only after the command succeeded: after a failure a peer may be
-    inside a collective, and destroying the group would wait on it."""
+def leave_process_group(code: int = 0) -> None:
+    """After a command succeeded in a process of ``accelerate launch`` (torchrun sets LOCAL_RANK): destroy
+    the default process group, flush the output and exit with ``code`` at once, without the interpreter's
+    teardown. Left to that teardown, gloo's threads may still hold work while Python shuts down, and the
+    process aborted after its run was complete and saved (``terminate called without an active
+    exception``, SIGABRT, rank 1: 2-process tests in 3 of 5 fresh-clone CI runs, with destroy_process_group
+    alone in one of them; 0 of 28 reruns outside CI). Outside a launched process only the group is
+    destroyed. Call it only after success: after a failure a peer may be inside a collective."""
+    import os
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    if "LOCAL_RANK" in os.environ:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 @contextlib.contextmanager
