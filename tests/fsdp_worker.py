@@ -1,11 +1,13 @@
 """Run by tests/test_fsdp.py under ``accelerate launch`` (2 CPU processes, gloo) with model.fsdp=true.
 
-    fsdp_worker.py OUT CONFIG [--resume CHECKPOINT] [--kill-after STEP] [KEY=VALUE ...]
+    fsdp_worker.py OUT CONFIG [--resume CHECKPOINT] [--kill-after STEP] [--model-forward] [KEY=VALUE ...]
 
 Trains CONFIG with the --set overrides and saves, per process, to OUT/rank{r}.pt: the shard shapes of
 every parameter, step 1's rows, advantages and synchronised gradient (gathered whole), and the bytes the
 process holds of parameters, gradients and AdamW state after step 1. ``--kill-after STEP``: every process
 SIGKILLs itself right after the checkpoint of STEP is written (a crash, not a clean stop).
+``--model-forward``: rollouts decode through the model's own forward, never the lean step
+(``mmgrpo.model.engine.LEAN_DECODE = False``), as rollouts on the shards always do.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from worker_hooks import record_first_step
 
 from mmgrpo.config.core import load_config
+from mmgrpo.model import engine
 from mmgrpo.train import fsdp
 from mmgrpo.train.trainer import Trainer
 
@@ -32,6 +35,8 @@ def main(out: Path, config: str, args: list[str]) -> None:
             resume = Path(next(it))
         elif a == "--kill-after":
             kill_after = int(next(it))
+        elif a == "--model-forward":
+            engine.LEAN_DECODE = False
         else:
             sets.append(a)
     trainer = Trainer(load_config(config, sets), progress=False)
