@@ -2,8 +2,8 @@
 
 Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, counting_hard, text_math, tools
 and tools_lookup demos after the fast tests; zoom not yet: 2 runs of 4 pass, seed 0 ended 0.710 in one CI
-run and 1.000 in another, seed 1 1.000, seed 2 0.620). On 2 CPU cores: counting about 1 minute, text_math about 1, tools about 3, tools_lookup
-about 5, counting_hard about 5, zoom about 15.
+run and 1.000 in another, seed 1 1.000, seed 2 0.620). On 2 CPU cores: counting about 1 minute, text_math
+about 1, tools about 3, tools_lookup about 5, counting_hard about 5, zoom about 15.
 `--demo-set KEY=VALUE` adds an override to every demo here, e.g. `--demo-set seed=1`, or
 `--demo-set grpo.steps=5` to see a demo fall short and its test fail.
 """
