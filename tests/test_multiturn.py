@@ -275,6 +275,31 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_with_its_name(tiny_po
     assert vision.empty
 
 
+def test_a_tool_message_seen_again_is_tokenized_once(tiny_policy, monkeypatch):
+    """The G rows of a group often get the same tool message (the zoom agent's rows zoom on the same cell):
+    the processor runs once for it; another image, or other text, is tokenized again."""
+    policy = Policy(tiny_policy.model, tiny_policy.processor)
+    calls = []
+    real = policy._tokenize
+    monkeypatch.setattr(policy, "_tokenize", lambda *a, **k: calls.append(a) or real(*a, **k))
+    history = [user("Look."), {"role": "assistant", "content": [text_part("<tool_call>{}</tool_call>")]}]
+
+    def zoomed(colour, text="cell 5"):  # a new PIL image each time, as each episode's tool returns
+        parts = [image_part(Image.new("RGB", (56, 56), colour)), text_part(text)]
+        return [{"role": "tool", "name": "zoom", "content": parts}]
+
+    first, v1 = policy.encode_continuation(history, zoomed("red"))
+    again, v2 = policy.encode_continuation(history, zoomed("red"))
+    assert len(calls) == 1 and again == first and v2.images_per_seq == v1.images_per_seq == [1]
+    assert all(v2.seqs[0][k] is v1.seqs[0][k] for k in v1.seqs[0])  # the same pixels, shared
+    blue, _ = policy.encode_continuation(history, zoomed("blue"))
+    other, _ = policy.encode_continuation(history, zoomed("red", "cell 6"))
+    assert len(calls) == 3 and blue == first and other != first  # same placeholders; other text
+    fresh = Policy(tiny_policy.model, tiny_policy.processor)  # no cache: the same ids and pixels
+    ids, vision = fresh.encode_continuation(history, zoomed("red"))
+    assert ids == first and torch.equal(vision.seqs[0]["pixel_values"], v1.seqs[0]["pixel_values"])
+
+
 def test_a_runaway_sandboxed_program_is_an_observation_and_the_step_goes_on(tiny_policy):
     from mmgrpo.env import Task
     from mmgrpo.envs.tool_env import ToolEnv

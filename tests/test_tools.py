@@ -149,6 +149,45 @@ def test_tool_name_override_renames_the_schema():
     assert Tool(add).schema["function"]["name"] == "add"  # the override did not leak into a shared schema
 
 
+def test_closures_of_one_factory_read_their_schema_once(monkeypatch):
+    import transformers.utils
+
+    from mmgrpo.tools import runner
+
+    reads = []
+    real = transformers.utils.get_json_schema
+    monkeypatch.setattr(transformers.utils, "get_json_schema", lambda fn: reads.append(fn) or real(fn))
+    monkeypatch.setattr(runner, "_SCHEMAS", {})
+
+    def bound(offset: int):
+        def shift(x: int) -> int:
+            """Shift a number.
+
+            Args:
+                x: the number.
+            """
+            return x + offset
+
+        return shift
+
+    tools = [Tool(bound(k)) for k in range(5)]  # an env that binds its tool to each episode's data
+    assert len(reads) == 1 and all(t.schema == tools[0].schema for t in tools)
+    assert [t.fn(1) for t in tools] == [1, 2, 3, 4, 5]  # each keeps its own function
+    tools[0].schema["function"]["description"] = "changed"  # a schema is the tool's own copy
+    assert Tool(bound(9)).schema["function"]["description"] == "Shift a number." and len(reads) == 1
+    assert Tool(bound(1), name="move").schema["function"]["name"] == "move" and len(reads) == 2
+
+    def other(x: int) -> int:
+        """Another function.
+
+        Args:
+            x: the number.
+        """
+        return x
+
+    assert Tool(other).schema["function"]["description"] == "Another function." and len(reads) == 3
+
+
 def test_tool_without_args_section_says_what_to_add():
     def area(width: int, height: int) -> int:
         """Multiply."""
