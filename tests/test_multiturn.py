@@ -300,6 +300,54 @@ def test_a_tool_message_seen_again_is_tokenized_once(tiny_policy, monkeypatch):
     assert ids == first and torch.equal(vision.seqs[0]["pixel_values"], v1.seqs[0]["pixel_values"])
 
 
+def test_a_tool_image_repeated_in_a_group_is_encoded_once_same_logprobs_and_gradients(
+    tiny_model_dir, monkeypatch
+):
+    """The G rows of a group that get the same tool image hold the same pixels (tokenized once), and the
+    training pass encodes them once: its log-probs and every gradient equal those of the pass that
+    encodes each row's copy (the encoder trains here; 1e-6)."""
+    base = Policy.from_pretrained(tiny_model_dir)
+    policy = ScriptedPolicy(
+        base, ['<tool_call>\n{"name": "zoom", "arguments": {"cell": 5}}\n</tool_call>', "<answer>3</answer>"]
+    )
+    batch = rollout(
+        policy, [ZoomOnceEnv() for _ in range(4)], [0, 1], group_size=2, max_new_tokens=40, max_turns=3
+    )
+    tok = batch.tokens
+    seqs = tok.response_vision.seqs
+    assert (
+        seqs[0]["pixel_values"] is seqs[1]["pixel_values"]
+        and seqs[2]["pixel_values"] is seqs[3]["pixel_values"]
+    )
+    assert not torch.equal(seqs[0]["pixel_values"], seqs[2]["pixel_values"])  # two groups, two images
+    visual = policy.model.model.visual
+    assert any(p.requires_grad for p in visual.parameters())
+    images = []
+    visual.register_forward_hook(
+        lambda m, args, kw, out: images.append(len(kw["grid_thw"])), with_kwargs=True
+    )
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None]
+
+    def pass_and_grads():
+        images.clear()
+        policy.model.zero_grad()
+        logp = policy.logprobs(tok)  # (N, T)
+        (logp * adv * tok.loss_mask).sum().backward()
+        return logp.detach(), {
+            n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None
+        }
+
+    once, grads_once = pass_and_grads()
+    assert images == [2, 2]  # the prompts' two images, then the two distinct tool images (4 rows)
+    monkeypatch.setattr(policy.adapter, "encode_repeats", lambda model, vision, device, dtype: vision)
+    each, grads_each = pass_and_grads()
+    assert images == [2, 4]  # each row's copy
+    torch.testing.assert_close(once, each, atol=1e-6, rtol=0)
+    assert grads_once.keys() == grads_each.keys() and any("visual" in n for n in grads_once)
+    for name, g in grads_once.items():
+        torch.testing.assert_close(g, grads_each[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_a_runaway_sandboxed_program_is_an_observation_and_the_step_goes_on(tiny_policy):
     from mmgrpo.env import Task
     from mmgrpo.envs.tool_env import ToolEnv

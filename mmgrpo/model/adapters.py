@@ -154,6 +154,31 @@ class CausalLMAdapter:
         parts = iter(split_encoded(out, images, rows))
         return [next(parts) if s else None for s in vision.seqs]
 
+    def encode_repeats(self, model, vision: VisionInputs, device, dtype) -> VisionInputs:
+        """``vision`` with its image features attached, each distinct sequence encoded once, when some
+        sequences are the same tensors (the G rows of a group given the same zoomed view: the processor
+        ran once for it, see ``Policy.encode_continuation``); otherwise ``vision`` unchanged, for the forward
+        to encode. With a graph the features of a repeated sequence are one encoding used several times,
+        so its gradient is the sum over the rows, as when each row encodes its own copy. On the zoom agent's
+        steps about 16 distinct views of 128. Not for FSDP shards (an encoder call outside the forward, on
+        some processes only, would desynchronise their collectives)."""
+        if vision.empty or vision.has_encoded or not self.caches_encoder or holds_shards(model):
+            return vision
+        first: dict[tuple, int] = {}
+        owner = [
+            first.setdefault(tuple((k, id(v)) for k, v in s.items()), i) if s else None
+            for i, s in enumerate(vision.seqs)
+        ]  # per sequence, the first sequence holding the same tensors
+        distinct = sorted({o for o in owner if o is not None})
+        if len(distinct) == sum(o is not None for o in owner):
+            return vision  # nothing repeats: the forward encodes as usual
+        encoded = self.encode_images(model, vision.select(distinct), device, dtype)
+        if encoded is None:
+            return vision
+        by_seq = dict(zip(distinct, encoded, strict=True))
+        encoded_per_seq = [None if o is None else by_seq[o] for o in owner]
+        return VisionInputs(vision.seqs, vision.images_per_seq, encoded_per_seq)
+
     # ------------------------------------------------------------------------------------ forward keywords
     def forward_kwargs(
         self, ids: Tensor, mask: Tensor, vision: VisionInputs, device: torch.device, dtype: torch.dtype

@@ -102,7 +102,10 @@ class VisionInputs:
 
     @staticmethod
     def _merge(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-        """One sequence's tensors from several pieces of it, in order."""
+        """One sequence's tensors from several pieces of it, in order (one piece: its tensors, not copied)."""
+        dicts = [d for d in dicts if d]
+        if len(dicts) == 1:
+            return dict(dicts[0])
         keys = list(dict.fromkeys(k for d in dicts for k in d))
         return {k: torch.cat([d[k] for d in dicts if k in d]) for k in keys}
 

@@ -510,6 +510,8 @@ def response_blocks_shared(
         t = max(int(lengths[idx].max()), 1)
         g = group[idx].to(device)  # (n,)
         rv = rv_all.select(rows) if rv_all is not None else VisionInputs.none(len(rows))
+        if not fixed:  # a repeated image encoded once (DDP: inside the forward, as on every process)
+            rv = adapter.encode_repeats(model, rv, device, model_dtype(model))
         ids, rmask = batch.response_ids[idx, :t], batch.response_mask[idx, :t]  # (n, t)
         full_mask = torch.cat([layout[g], rmask.to(device)], dim=1)  # (n, P' + t)
         kw = adapter.forward_kwargs(ids, full_mask, rv, device, model_dtype(model))

@@ -19,11 +19,9 @@ causal LM (whose "processor" is its tokenizer).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import dataclasses
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ from mmgrpo.model.io import (
     save_model,
     stop_ids_of,
 )
+from mmgrpo.model.kept import KeptTokenizations
 from mmgrpo.model.token_stats import block_stats
 from mmgrpo.model.tool_prompt import find_placement, with_tools_block
 
@@ -85,10 +84,7 @@ class Policy:
         """Whether the reference copy was made with the encoder frozen (it then shares its features)."""
         self.offload_reference = False
         """Keep the reference copy in CPU memory between its passes (see ``reference_on_device``)."""
-        self._continuations: collections.OrderedDict[tuple, tuple[list[int], VisionInputs]] = (
-            collections.OrderedDict()
-        )
-        """The last ``CONTINUATIONS_KEPT`` tool messages tokenized (see ``encode_continuation``)."""
+        self._continuations = KeptTokenizations()  # tool messages tokenized lately (encode_continuation)
         self.lockstep = False
         """Weights sharded over processes (FSDP): a scoring pass is one forward whatever the batch, as every
         forward is a collective (no shared prefill, whose number of forwards depends on the episodes)."""
@@ -423,18 +419,7 @@ class Policy:
             if eot and eot in before:  # the sampled ids end before the template's turn end: start there
                 cut = before.rfind(eot)
         text, images, videos = before[cut:] + after[len(before) :], _images_of(new), _images_of(new, "video")
-        key = _content_key(text, images, videos)
-        if key is not None and key in self._continuations:
-            self._continuations.move_to_end(key)
-            ids, vision = self._continuations[key]
-            return list(ids), VisionInputs([dict(x) for x in vision.seqs], list(vision.images_per_seq))
-        ids, _, vision = self._tokenize([text], [images], [videos])
-        out = ids[0].tolist()
-        if key is not None:
-            self._continuations[key] = (out, vision)
-            if len(self._continuations) > CONTINUATIONS_KEPT:
-                self._continuations.popitem(last=False)
-        return list(out), vision
+        return self._continuations.tokenize(text, images, videos, self._tokenize)  # once per content
 
     @property
     def name_or_path(self) -> str:
@@ -572,19 +557,12 @@ class Policy:
             some = scored is not None and not self.lockstep  # sharded weights: the head runs inside forward
             if G > 1:  # under DDP a training pass keeps a fixed number of forwards on every process
                 fixed = unwrap(model) is not model and torch.is_grad_enabled()
-                blocks = engine.response_blocks_shared(
-                    model, self.adapter, batch, G, self.device, fixed, some
-                )
+                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, fixed, some)
             else:
                 blocks = engine.response_blocks_full(model, self.adapter, batch, self.device, some)
             targets, where = batch.response_ids.to(self.device), scored.to(self.device) if some else None
             logp, ent = block_stats(
-                blocks,
-                targets,
-                temperature,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-                scored=where,
+                blocks, targets, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, scored=where
             )  # (N, T), (N, T) or None: the entropy of each step
             return (logp, ent) if with_entropy else logp
 
@@ -600,25 +578,6 @@ class Policy:
     def save(self, out_dir: str | Path, *, merged: bool = False) -> None:
         """Save the model and processor (a LoRA model: its adapter, or the merged model with ``merged``)."""
         save_model(unwrap(self.model), self.processor, out_dir, merged=merged)
-
-
-CONTINUATIONS_KEPT = 64
-"""How many tokenized tool messages ``encode_continuation`` keeps. The rows of a group often get the same
-message (the zoom agent's G rows zoom on the same cell of the same image), and the processor took 3.4 ms a
-call there (128 a step); 64 entries cover a step's distinct ones (16 groups) at about 0.3 MB of pixels each."""
-
-
-def _content_key(text: str, images: list, videos: list) -> tuple | None:
-    """What tokenizing ``text`` with ``images`` depends on: the text and each image's mode, size and pixel
-    bytes; None (not kept) with videos or an image that is not a PIL image (a path, an array)."""
-    from PIL import Image
-
-    if videos or not all(isinstance(im, Image.Image) for im in images):
-        return None
-    return (
-        text,
-        *((im.mode, im.size, hashlib.blake2b(im.tobytes(), digest_size=16).digest()) for im in images),
-    )
 
 
 def _text_of(content: list[dict] | str) -> str:

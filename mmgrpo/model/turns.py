@@ -149,6 +149,7 @@ class TurnDecoder:
             logits = step.block(ids.to(p.device), pos.to(p.device), full, st.cache, st.prefix, step.joined())
             st.mask, st.next_pos = full, after.to(p.device)
             return logits  # (n, V)
+        vision = p.adapter.encode_repeats(p.model, vision, p.device, engine.model_dtype(p.model))
         kw = p.adapter.forward_kwargs(ids, full, vision, p.device, engine.model_dtype(p.model))
         kw["input_ids"] = ids.to(p.device)
         cache = st.cache if st.prefix is None else st.prefix.materialize(st.cache)  # the whole rows
