@@ -58,6 +58,7 @@ from mmgrpo.data.records import Record, check_records, describe_ref, is_video_re
 from mmgrpo.errors import ConfigError, DataError, did_you_mean
 from mmgrpo.model.batch import TokenBatch, pad_right
 from mmgrpo.model.policy import Policy
+from mmgrpo.train.optim import adamw
 
 __all__ = [
     "Example",
@@ -428,7 +429,7 @@ def run_sft(cfg: Config, policy: Policy | None = None, progress: bool = True) ->
         params = [p for g in groups for p in g["params"]]
         if not params:
             raise ConfigError("sft: the model has no trainable parameters (everything is frozen)")
-        optimizer = torch.optim.AdamW(groups, lr=s.lr, weight_decay=0.0)
+        optimizer = adamw(groups, lr=s.lr, weight_decay=0.0)
         scheduler = make_scheduler(s.lr_schedule, optimizer, warmup_steps=s.warmup_steps, steps=steps)
         accelerator = make_accelerator(
             cpu=str(policy.device) == "cpu",

@@ -55,6 +55,7 @@ from mmgrpo.train.fault_sync import SKIPPED, account_faults, agree_finite
 from mmgrpo.train.faults import FaultTracker, check_finite
 from mmgrpo.train.fsdp import Lockstep, gathered
 from mmgrpo.train.lr_schedule import make_scheduler
+from mmgrpo.train.optim import adamw
 from mmgrpo.train.resume import rebuild_lr, truncate_metrics
 from mmgrpo.train.saving import save_run
 
@@ -123,7 +124,7 @@ class Trainer:
         self.progress = progress and self.is_main
         if cfg.logging.report_to:
             acc.init_trackers(cfg.logging.project, config=flat_config(config_to_dict(cfg)))
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = adamw(
             self.policy.param_groups(g.lr, cfg.model.vision_lr),
             lr=g.lr,
             betas=tuple(g.betas),

@@ -40,6 +40,7 @@ from mmgrpo.errors import ConfigError
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import reset_group
+from mmgrpo.train.optim import adamw
 from mmgrpo.train.sft import masked_nll, supervised_batch
 
 
@@ -119,7 +120,7 @@ def warm_start(
     pool = example_pool(env, examples) if examples and "{answer}" in template else []
     params = list(policy.model.parameters()) if train_vision else policy.language_parameters()
     params = [p for p in params if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    optimizer = adamw(params, lr=lr, weight_decay=0.0)
     policy.model.train()
 
     def task_seeds(step: int) -> list[int]:
