@@ -240,17 +240,25 @@ class Policy:
         no_cache = vision.empty or vision.has_encoded or not (force or self.vision_frozen)
         if no_cache or holds_shards(self.model):  # FSDP shards, not gathered: the forward encodes
             return vision
-        model = self.model
-        was_training = model.training
-        model.eval()
-        try:
-            with self.autocast():
-                encoded = self.adapter.encode_images(model, vision, self.device, engine.model_dtype(model))
-        finally:
-            model.train(was_training)
+        with self.evaluating(), self.autocast():
+            encoded = self.adapter.encode_images(self.model, vision, self.device, engine.model_dtype(self.model))
         if encoded is None:
             return vision
         return VisionInputs(vision.seqs, vision.images_per_seq, encoded)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """The model in eval mode for the block, then training mode again if it was in it (a switch walks
+        every module: a rollout switches once for all its passes)."""
+        model = self.model
+        if not model.training:
+            yield
+            return
+        model.eval()
+        try:
+            yield
+        finally:
+            model.train()
 
     def freeze_vision(self) -> int:
         """Stop gradients into the vision encoder; returns how many parameters were frozen."""
@@ -464,50 +472,45 @@ class Policy:
         repeated G times); ``use_hf_generate`` runs Hugging Face ``generate`` instead, for comparison only.
         """
         model = self.model
-        was_training = model.training
-        model.eval()
-        try:
-            with self.autocast():
-                if not use_hf_generate:
-                    new_ids, logps = engine.generate(
-                        model,
-                        self.adapter,
-                        prompt_ids,
-                        prompt_mask,
-                        vision,
-                        G=num_samples,
-                        max_new_tokens=max_new_tokens,
-                        temperature=temperature,
-                        top_p=top_p,
-                        top_k=top_k,
-                        stop_ids=self.stop_ids,
-                        pad_token_id=self.pad_token_id,
-                        device=self.device,
-                        return_logprobs=return_logprobs,
-                    )
-                    completions, finished = self._cut_at_stop(new_ids.tolist())
-                    if return_logprobs:
-                        lps = [row[: len(c)] for row, c in zip(logps.tolist(), completions, strict=True)]
-                        return completions, finished, lps
-                    return completions, finished
-                greedy = temperature <= 0
-                gen_kw: dict[str, Any] = dict(
+        with self.evaluating(), self.autocast():
+            if not use_hf_generate:
+                new_ids, logps = engine.generate(
+                    model,
+                    self.adapter,
+                    prompt_ids,
+                    prompt_mask,
+                    vision,
+                    G=num_samples,
                     max_new_tokens=max_new_tokens,
-                    do_sample=not greedy,
-                    eos_token_id=self.stop_ids,
+                    temperature=temperature,
+                    top_p=top_p,
+                    top_k=top_k,
+                    stop_ids=self.stop_ids,
                     pad_token_id=self.pad_token_id,
-                    suppress_tokens=self.suppress_ids or None,
-                    num_return_sequences=num_samples,
+                    device=self.device,
+                    return_logprobs=return_logprobs,
                 )
-                if not greedy:
-                    gen_kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
-                else:
-                    gen_kw.update(temperature=None, top_p=None, top_k=None)
-                inputs = self._model_inputs(prompt_ids, prompt_mask, vision.without_encoded(), model)
-                out = model.generate(**inputs, **gen_kw)
-                return self._cut_at_stop(out[:, prompt_ids.shape[1] :].tolist())  # (N, <= max_new_tokens)
-        finally:
-            model.train(was_training)
+                completions, finished = self._cut_at_stop(new_ids.tolist())
+                if return_logprobs:
+                    lps = [row[: len(c)] for row, c in zip(logps.tolist(), completions, strict=True)]
+                    return completions, finished, lps
+                return completions, finished
+            greedy = temperature <= 0
+            gen_kw: dict[str, Any] = dict(
+                max_new_tokens=max_new_tokens,
+                do_sample=not greedy,
+                eos_token_id=self.stop_ids,
+                pad_token_id=self.pad_token_id,
+                suppress_tokens=self.suppress_ids or None,
+                num_return_sequences=num_samples,
+            )
+            if not greedy:
+                gen_kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
+            else:
+                gen_kw.update(temperature=None, top_p=None, top_k=None)
+            inputs = self._model_inputs(prompt_ids, prompt_mask, vision.without_encoded(), model)
+            out = model.generate(**inputs, **gen_kw)
+            return self._cut_at_stop(out[:, prompt_ids.shape[1] :].tolist())  # (N, <= max_new_tokens)
 
     def _cut_at_stop(self, new: list[list[int]]) -> tuple[list[list[int]], list[bool]]:
         """Each row up to and including its first stop token, and whether it had one."""

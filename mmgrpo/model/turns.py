@@ -27,6 +27,8 @@ again (``supported`` says which); the tests compare both ways token for token.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer
@@ -182,14 +184,12 @@ class _EvalMode:
     """The model in eval mode under the policy's autocast for the block; training mode restored after."""
 
     def __init__(self, policy) -> None:
-        self.policy, self.ctx = policy, policy.autocast()
+        self.modes = contextlib.ExitStack()
+        self.policy = policy
 
     def __enter__(self):
-        self.was = self.policy.model.training
-        self.policy.model.eval()
-        self.ctx.__enter__()
+        self.modes.enter_context(self.policy.evaluating())
+        self.modes.enter_context(self.policy.autocast())
 
     def __exit__(self, *exc):
-        self.ctx.__exit__(*exc)
-        self.policy.model.train(self.was)
-        return False
+        return self.modes.__exit__(*exc)

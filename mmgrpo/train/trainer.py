@@ -305,7 +305,7 @@ class Trainer:
         """Roll out ``seeds``, G episodes each; every process learns whether any failed entirely."""
         g = self.cfg.grpo
         try:
-            with self.sampling_weights():
+            with self.sampling_weights(), self.policy.evaluating():  # one switch for all its passes
                 batch = rollout(
                     self.policy,
                     self.envs,
