@@ -319,10 +319,13 @@ def test_multi_turn_counters_are_computed_over_every_process_s_episodes(monkeypa
 def test_processes_may_run_different_numbers_of_forwards(tiny_model_dir, tmp_path):
     """One process's prompts share a long opening and one of its responses is long, the other's not: on
     their own they would run different numbers of forwards (the opening encoded once, passes cut by
-    length). No-grad passes may (rank 1 runs three, rank 0 one); a training pass under DDP keeps a fixed
-    two forwards (Policy.logprobs), so both finish and hold the same synchronised gradient."""
+    length), and so they do, in no-grad passes (rank 1 runs three, rank 0 one) and in the training pass.
+    Both finish and hold the same synchronised gradient. (DDP's buffer broadcast at each forward is off,
+    see ``make_accelerator``: with it, this hangs.)"""
     _launch(tmp_path, [str(ROOT / "tests" / "uneven_worker.py"), str(tiny_model_dir), str(tmp_path)])
     grads = [json.loads((tmp_path / f"grad{r}.json").read_text()) for r in (0, 1)]
+    forwards = [g["training_forwards"] for g in grads]
+    assert forwards[0] == 2 and forwards[1] > 2, forwards  # the prompts, the responses; rank 1: more
     assert grads[0]["norm"] > 0
     assert grads[0]["first"] == pytest.approx(grads[1]["first"], rel=1e-5, abs=1e-9)
 

@@ -2,7 +2,8 @@
 episodes of different shapes: rank 1's prompts share a long opening and one of its responses is long (on
 one process that makes a training pass encode the opening once and cut the responses into passes by
 length), rank 0's do neither. They run different numbers of no-grad forwards (reference passes), then one
-training pass each through ``Policy.logprobs`` and a backward; writes each rank's synchronised gradient."""
+training pass each through ``Policy.logprobs`` (of different numbers of forwards) and a backward; writes
+each rank's synchronised gradient and how many forwards its training pass ran."""
 
 from __future__ import annotations
 
@@ -43,10 +44,13 @@ def main(model_dir: str, out: Path) -> None:
     with torch.no_grad():
         for _ in range(1 + 2 * acc.process_index):  # rank 0: one no-grad pass; rank 1: three
             policy.logprobs(tok)
+    forwards = []
+    policy.model.register_forward_pre_hook(lambda *_: forwards.append(1))  # the DDP module's forwards
     lp = policy.logprobs(tok)  # (N, T) the training pass
     (lp * tok.loss_mask).sum().backward()
     grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
-    (out / f"grad{acc.process_index}.json").write_text(json.dumps({"norm": float(grad.norm()), "first": grad[:64].tolist()}))
+    result = {"norm": float(grad.norm()), "first": grad[:64].tolist(), "training_forwards": len(forwards)}
+    (out / f"grad{acc.process_index}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ def start(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: Vi
 
 
 def encode_heads(
-    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device, whole: bool = False
+    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device
 ):
     """B prompts encoded once each (their common opening once for all: mmgrpo.model.system_prefix).
     Returns the next-token logits (B, V), the cache (B rows), each prompt's next position (B,) and the
@@ -255,7 +255,7 @@ def encode_heads(
         extra = {} if cache is None else {cache_kwarg(model): cache}
         return model(**kw, position_ids=positions.to(device), logits_to_keep=1, use_cache=True, **extra)
 
-    shared = None if whole else system_prefix.encode_prompts(model, adapter, ids, mask, vision, device, forward)
+    shared = system_prefix.encode_prompts(model, adapter, ids, mask, vision, device, forward)
     if shared is not None:
         return shared
     first, cache, delta = prefill(model, adapter, ids, mask, vision, 1, device)
@@ -472,7 +472,7 @@ def response_blocks_full(
 
 
 def response_blocks_shared(
-    model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device, fixed: bool = False, scored: bool = False
+    model, adapter: CausalLMAdapter, batch: TokenBatch, G: int, device, scored: bool = False
 ) -> list[LogitBlock | HiddenBlock]:
     """Encode each of the N/G distinct prompts once (their common opening once for all) and run the
     responses on its KV cache, images inside the responses (a tool's crop or zoom) included, their
@@ -486,8 +486,8 @@ def response_blocks_shared(
     ``mmgrpo.model.token_stats`` reduces each block to per-token numbers first (on the tools recipe the
     (64, T, V) copies, gathers and their backward were 0.15 s of a 1.1 s step).
 
-    ``fixed``: exactly two forwards whatever the episodes (prompts encoded whole, one pass): DDP's
-    reducer synchronises gradients correctly only when every process runs the same forwards.
+    How many forwards a pass runs depends on its episodes, so DDP's processes run different numbers of
+    them: the Accelerator is made without DDP's per-forward buffer broadcast (``make_accelerator``).
     ``scored``: the passes' blocks hold final hidden states where the model's head allows
     (``mmgrpo.model.head``), so that only the positions scored later go through the head.
     """
@@ -496,7 +496,7 @@ def response_blocks_shared(
     owners = batch.row_prompts()
     pv = batch.vision.select([owners[h] for h in heads])
     first, cache, start, layout = encode_heads(
-        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, device, whole=fixed
+        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, device
     )  # (B, V), B rows, (B,), (B, P')
     if not selects_rows(cache):  # a custom cache: one pass on the prompts repeated G times
         return _responses_on_repeated(model, adapter, batch, G, device)
@@ -505,13 +505,12 @@ def response_blocks_shared(
     lengths = batch.response_mask.sum(dim=1)  # (N,)
     rv_all = batch.response_vision if batch.has_response_images else None
     blocks = []
-    for rows in [list(range(N))] if fixed else length_chunks(lengths.tolist()):
+    for rows in length_chunks(lengths.tolist()):
         idx = torch.as_tensor(rows, dtype=torch.long)
         t = max(int(lengths[idx].max()), 1)
         g = group[idx].to(device)  # (n,)
         rv = rv_all.select(rows) if rv_all is not None else VisionInputs.none(len(rows))
-        if not fixed:  # a repeated image encoded once (DDP: inside the forward, as on every process)
-            rv = adapter.encode_repeats(model, rv, device, model_dtype(model))
+        rv = adapter.encode_repeats(model, rv, device, model_dtype(model))  # a repeated image once
         ids, rmask = batch.response_ids[idx, :t], batch.response_mask[idx, :t]  # (n, t)
         full_mask = torch.cat([layout[g], rmask.to(device)], dim=1)  # (n, P' + t)
         kw = adapter.forward_kwargs(ids, full_mask, rv, device, model_dtype(model))

@@ -558,9 +558,8 @@ class Policy:
         base_only = unwrap(model).disable_adapter() if base else contextlib.nullcontext()
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()), base_only, self.autocast():
             some = scored is not None and not self.lockstep  # sharded weights: the head runs inside forward
-            if G > 1:  # under DDP a training pass keeps a fixed number of forwards on every process
-                fixed = unwrap(model) is not model and torch.is_grad_enabled()
-                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, fixed, some)
+            if G > 1:
+                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, some)
             else:
                 blocks = engine.response_blocks_full(model, self.adapter, batch, self.device, some)
             targets, where = batch.response_ids.to(self.device), scored.to(self.device) if some else None
