@@ -40,27 +40,16 @@ class KeptTokenizations:
 
     def tokenize(self, text: str, images: list, videos: list, tokenize) -> tuple[list[int], VisionInputs]:
         """``text`` with its images (and videos) as ids and vision inputs: what was kept for this content,
-        else ``tokenize([text], [images], [videos])``'s first row, kept."""
-        kept = self.get(text, images, videos)
-        if kept is not None:
-            return kept
+        else ``tokenize([text], [images], [videos])``'s first row, kept. The content is hashed once."""
+        key = content_key(text, images, videos)
+        if key is not None and key in self._kept:
+            self._kept.move_to_end(key)
+            ids, vision = self._kept[key]
+            return list(ids), VisionInputs([dict(s) for s in vision.seqs], list(vision.images_per_seq))
         ids, _, vision = tokenize([text], [images], [videos])
-        self.put(text, images, videos, ids[0].tolist(), vision)
-        return ids[0].tolist(), vision
-
-    def get(self, text: str, images: list, videos: list) -> tuple[list[int], VisionInputs] | None:
-        """A copy of what was kept for this content (the same tensors), or None."""
-        key = content_key(text, images, videos)
-        if key is None or key not in self._kept:
-            return None
-        self._kept.move_to_end(key)
-        ids, vision = self._kept[key]
-        return list(ids), VisionInputs([dict(s) for s in vision.seqs], list(vision.images_per_seq))
-
-    def put(self, text: str, images: list, videos: list, ids: list[int], vision: VisionInputs) -> None:
-        key = content_key(text, images, videos)
-        if key is None or self.size <= 0:
-            return
-        self._kept[key] = (list(ids), vision)
-        if len(self._kept) > self.size:
-            self._kept.popitem(last=False)
+        out = ids[0].tolist()
+        if key is not None and self.size > 0:
+            self._kept[key] = (out, vision)
+            if len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return list(out), vision
