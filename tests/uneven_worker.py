@@ -3,7 +3,8 @@ episodes of different shapes: rank 1's prompts share a long opening and one of i
 one process that makes a training pass encode the opening once and cut the responses into passes by
 length), rank 0's do neither. They run different numbers of no-grad forwards (reference passes), then one
 training pass each through ``Policy.logprobs`` (of different numbers of forwards) and a backward; writes
-each rank's synchronised gradient and how many forwards its training pass ran."""
+each rank's synchronised gradient and how many forwards its training pass ran (the DDP module's forwards and
+the lean passes over text responses, which call its layers directly)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.model import lean_pass
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.policy import Policy
 from mmgrpo.train.builders import make_accelerator
@@ -46,6 +48,13 @@ def main(model_dir: str, out: Path) -> None:
             policy.logprobs(tok)
     forwards = []
     policy.model.register_forward_pre_hook(lambda *_: forwards.append(1))  # the DDP module's forwards
+    lean_hidden = lean_pass.LeanPass.hidden
+
+    def counted(self, *args):  # a text-only response pass runs the layers outside the DDP module's forward
+        forwards.append(1)
+        return lean_hidden(self, *args)
+
+    lean_pass.LeanPass.hidden = counted
     lp = policy.logprobs(tok)  # (N, T) the training pass
     (lp * tok.loss_mask).sum().backward()
     grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])

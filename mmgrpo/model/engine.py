@@ -30,6 +30,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicLayer
 
 from mmgrpo.model import lean, system_prefix
+from mmgrpo.model import lean_pass as lean_pass_mod
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.head import HiddenBlock, final_hidden, plain_head
@@ -500,7 +501,9 @@ def response_blocks_shared(
     )  # (B, V), B rows, (B,), (B, P')
     if not selects_rows(cache):  # a custom cache: one pass on the prompts repeated G times
         return _responses_on_repeated(model, adapter, batch, G, device)
-    head = plain_head(model) if scored else None
+    plain = plain_head(model)
+    head = plain if scored else None
+    lean_pass = lean_pass_mod.for_model(model, adapter) if plain is not None else None
     group = torch.arange(N) // G  # (N,) each row's prompt (head)
     lengths = batch.response_mask.sum(dim=1)  # (N,)
     rv_all = batch.response_vision if batch.has_response_images else None
@@ -512,11 +515,20 @@ def response_blocks_shared(
         rv = rv_all.select(rows) if rv_all is not None else VisionInputs.none(len(rows))
         rv = adapter.encode_repeats(model, rv, device, model_dtype(model))  # a repeated image once
         ids, rmask = batch.response_ids[idx, :t], batch.response_mask[idx, :t]  # (n, t)
+        blocks.append(LogitBlock(idx, first[g].unsqueeze(1), 0, 1))  # (n, 1, V)
+        if lean_pass is not None and rv.empty:  # text only: the decoder layers called directly
+            pos, _ = adapter.block_positions(model, ids, rmask, rv, start[g])
+            ids, rmask = ids.to(device), rmask.to(device)
+            hidden = lean_pass.hidden(ids, rmask, pos.to(device), layout[g], cache, g)  # (n, t, H)
+            if head is not None:
+                blocks.append(HiddenBlock(idx, hidden, 1, t - 1, head))
+            else:
+                blocks.append(LogitBlock(idx, plain(hidden), 1, t - 1))  # (n, t, V)
+            continue
         full_mask = torch.cat([layout[g], rmask.to(device)], dim=1)  # (n, P' + t)
         kw = adapter.forward_kwargs(ids, full_mask, rv, device, model_dtype(model))
         pos, _ = adapter.block_positions(model, ids, rmask, rv, start[g])
         kw.update(position_ids=pos.to(device), use_cache=True, **{cache_kwarg(model): rows_of_cache(cache, g)})
-        blocks.append(LogitBlock(idx, first[g].unsqueeze(1), 0, 1))  # (n, 1, V)
         if head is not None:  # (n, t, H): column j gives the logits of response token j + 1
             blocks.append(HiddenBlock(idx, final_hidden(model, head, **kw), 1, t - 1, head))
         else:  # (n, t, V): column j predicts response token j + 1
