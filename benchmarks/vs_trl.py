@@ -127,6 +127,9 @@ class Spec:
     vision_lr: float | None = None
     """Learning rate of the vision encoder when it trains (None: lr)."""
     freeze_vision: bool = True
+    freeze_embeddings: bool = False
+    """GRPO leaves the token embeddings and the output head as they are (mmgrpo: grpo.freeze_embeddings; TRL:
+    the same parameters get requires_grad False). --learn takes it from the recipe."""
     equal_lengths: bool = True
     """Force every completion to max_new_tokens (no stop token sampled)."""
     micro_batch_size: int = 0
@@ -259,6 +262,7 @@ def mmgrpo_overrides(spec: Spec) -> list[str]:
         "model.dtype=float32",
         f"model.freeze_vision={str(spec.freeze_vision).lower()}",
         f"model.vision_lr={vision_lr}",
+        f"grpo.freeze_embeddings={str(spec.freeze_embeddings).lower()}",
         f"output_dir={spec.out_dir}",
         f"seed={spec.seed}",
         "env.name=counting",
@@ -513,7 +517,7 @@ def load_trl_model(spec: Spec):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from mmgrpo.model.adapters import adapter_for
+    from mmgrpo.model.adapters import adapter_for, embedding_parameters
 
     model = AutoModelForImageTextToText.from_pretrained(spec.model_dir, dtype=torch.float32)
     if spec.freeze_vision:
@@ -521,11 +525,15 @@ def load_trl_model(spec: Spec):
         for name, p in model.named_parameters():
             if adapter.is_vision_param(name):
                 p.requires_grad_(False)
+    if spec.freeze_embeddings:  # the parameters mmgrpo's grpo.freeze_embeddings leaves out
+        for p in embedding_parameters(model):
+            p.requires_grad_(False)
     return model
 
 
 def trl_optimizers(model, spec: Spec) -> tuple[Any, Any]:
-    """(None, None) = TRL's own AdamW; with a vision_lr, AdamW with mmgrpo's two parameter groups."""
+    """(None, None) = TRL's own AdamW; with a vision_lr, AdamW with mmgrpo's two parameter groups (of the
+    parameters that train: frozen ones are left out, as mmgrpo leaves them out)."""
     if spec.freeze_vision or spec.vision_lr is None:
         return None, None
     import torch
@@ -983,6 +991,7 @@ def recipe_spec(args: argparse.Namespace, model_dir: str, out_dir: Path, steps: 
         lr=g.lr,
         vision_lr=m.vision_lr,
         freeze_vision=freeze,
+        freeze_embeddings=g.freeze_embeddings,
         equal_lengths=False,
         micro_batch_size=min(g.micro_batch_size, g.episodes_per_step),
         clip_eps=g.clip_eps_low,

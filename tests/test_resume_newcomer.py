@@ -160,7 +160,7 @@ def test_resume_changes_say_what_each_change_does():
     "change, named",
     [
         (["model.freeze_vision=true"], "model.freeze_vision changed (false -> true)"),
-        (["grpo.freeze_embeddings=true"], "grpo.freeze_embeddings changed (false -> true)"),
+        (["grpo.freeze_embeddings=false"], "grpo.freeze_embeddings changed (true -> false)"),
         (["model.lora={r: 4, alpha: 8}"], "model.lora was off in the checkpoint's run and is on now"),
         (["model.path=OTHER"], "model.path changed ("),
     ],
