@@ -111,6 +111,8 @@ def test_lean_pass_left_out_where_it_would_not_be_exact(tmp_path):
     assert lean_pass.for_model(model, policy.adapter) is None  # the forward would drop attention weights
     model.eval()
     assert lean_pass.for_model(model, policy.adapter) is not None  # no dropout in eval mode
+    model.to("meta")  # off the CPU: the model's forward keeps its memory-efficient attention kernel
+    assert lean_pass.for_model(model, policy.adapter) is None
 
 
 def test_a_pass_with_a_tool_image_goes_through_the_model(tmp_path, monkeypatch, spy):

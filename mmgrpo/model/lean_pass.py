@@ -12,7 +12,7 @@ hidden states for ``mmgrpo.model.head`` to score. On the vs-TRL counting shape (
 one thread, 12 steps alternated in one process) the whole GRPO step went from 118.2 to 114.0 ms at G = 8
 and from 161.4 to 159.0 ms at G = 16 (medians).
 
-Which models: those whose layers ``mmgrpo.model.lean`` reproduces (``lean.stepper``: the Llama-style
+Which models: on the CPU, those whose layers ``mmgrpo.model.lean`` reproduces (``lean.stepper``: the Llama-style
 stack of Qwen2/2.5/3-VL, LLaVA, Qwen3, Llama), in a pass whose responses hold no images (a tool's image
 goes through the model's forward, which embeds it) and without attention dropout while training. Same
 numbers as the model's forward (tests/test_lean_pass.py: log-probs and every gradient, to 1e-5).
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmgrpo.model import lean
+from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.prefix import take_rows
 
 LEAN_PASSES = True
@@ -92,9 +93,14 @@ def _attention(
 
 
 def for_model(model, adapter) -> LeanPass | None:
-    """The lean pass for ``model``, or None where its own forward must run: ``LEAN_PASSES`` off, a layout
-    the lean step does not reproduce (or FSDP shards), or attention dropout that training would apply."""
+    """The lean pass for ``model``, or None where its own forward must run: ``LEAN_PASSES`` off, a model
+    off the CPU, a layout the lean step does not reproduce (or FSDP shards), or attention dropout that
+    training would apply. Off the CPU the per-operator overhead this pass removes is a small share of a
+    pass, and SDPA's grouped-query form with a mask may fall back to a kernel that holds every score
+    (on long responses, gigabytes); the model's forward keeps its memory-efficient kernel there."""
     if not LEAN_PASSES:
+        return None
+    if next(unwrap(model).parameters()).device.type != "cpu":
         return None
     step = lean.stepper(model, adapter.uses_mrope(model))
     if step is None:
