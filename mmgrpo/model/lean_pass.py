@@ -76,9 +76,9 @@ def _attention(
     x (n, t, H) -> (n, t, H); bias (n, 1, t, P + t)."""
     n, t, _ = x.shape
     D = attn.head_dim
-    q = attn.q_proj(x).view(n, t, -1, D)  # (n, t, Hq, D)
-    k = attn.k_proj(x).view(n, t, -1, D)  # (n, t, Hk, D)
-    v = attn.v_proj(x).view(n, t, -1, D).transpose(1, 2)  # (n, Hk, t, D)
+    q, k, v, _ = lean._project(attn, x, None)  # through the modules: (n, t, Hq*D), (n, t, Hk*D) twice
+    q, k = q.view(n, t, -1, D), k.view(n, t, -1, D)  # (n, t, Hq, D), (n, t, Hk, D)
+    v = v.view(n, t, -1, D).transpose(1, 2)  # (n, Hk, t, D)
     if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
         q, k = attn.q_norm(q), attn.k_norm(k)
     Hq = q.shape[2]
