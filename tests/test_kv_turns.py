@@ -152,6 +152,7 @@ def test_text_blocks_through_the_lean_step_sample_what_the_model_forward_samples
 
     monkeypatch.setattr(turns, "LEAN_BLOCKS", True)
     monkeypatch.setattr(prefix, "MERGED", True)
+    monkeypatch.setattr(prefix, "MERGED_MIN_PREFIX", 0)  # the merged form at these short prompts too
     blocks = []
     real = lean.LeanStep.block
     monkeypatch.setattr(lean.LeanStep, "block", lambda self, *a, **k: blocks.append(1) or real(self, *a, **k))

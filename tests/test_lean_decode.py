@@ -60,6 +60,7 @@ def test_merged_attention_equals_attention_over_the_whole_row(monkeypatch, dtype
     bias = bias[:, None, None, :]  # (n, 1, 1, R)
     want = _whole_row_attention(q, own_k, own_v, own_mask, pre, group)
     got = {}
+    monkeypatch.setattr(prefix_mod, "MERGED_MIN_PREFIX", 0)  # the merged form at any prompt length
     for merged in (True, False):
         monkeypatch.setattr(prefix_mod, "MERGED", merged)
         got[merged] = grouped_attention(q, own_k, own_v, bias, pre, 0, D**-0.5)

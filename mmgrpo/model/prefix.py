@@ -157,6 +157,7 @@ def grouped_attention(
     """
     if (
         MERGED
+        and prefix.length >= MERGED_MIN_PREFIX
         and _FLASH_CPU is not None
         and q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.bfloat16)
@@ -178,6 +179,12 @@ MERGED = True
 """On the CPU, take ``grouped_attention`` as two flash-attention calls merged (``_merged_attention``; a
 64-row decode step 5.2 -> 4.8 ms); False: the products by hand everywhere (the tests compare both; the
 rounding differs by about 1e-6, see ``mmgrpo.model.turns.LEAN_BLOCKS``)."""
+MERGED_MIN_PREFIX = 128
+"""The merged form only for prompts of at least this many positions: below, the two flash-attention calls
+cost more than the products by hand. One layer's ``grouped_attention``, one thread, 4 or 8 prompts x G = 8
+or 16, 8-30 own tokens: at P = 32-100 by hand took 86-253 us against merged 101-259 us (the counting step,
+P = 68: 98 against 116 us at G = 8, 150 against 191 us at G = 16); from P = 243 on, merged 159-410 us
+against 162-489 us."""
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """The CPU flash-attention kernel: it returns each query's log-sum-exp with its output, so that attention
 over two key sets (a group's prompt, a row's own tokens) can be taken in two calls and merged exactly."""
