@@ -5,7 +5,9 @@
   holes and a grid with empty cells included;
 - ``LeanStep.joined`` stacks q, k, v (and gate, up) into one product per layer for a decode loop: the
   logits must equal those of the separate modules, for Qwen2.5-VL (q/k/v biases) and Qwen3 (per-head q/k
-  norms), and LoRA-wrapped projections must keep their modules.
+  norms), and LoRA-wrapped projections must keep their modules;
+- ``LeanStep.rotations`` takes a decode loop's rotary cos / sin from one table: they must be the rotary
+  embedding's own, bit for bit, in every family the lean step serves.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def test_merged_attention_equals_attention_over_the_whole_row(monkeypatch, dtype
     assert (got[True].double() - got[False].double()).abs().max() < tol
 
 
-def _decode_logits(policy, joined_on: bool, steps: int = 6) -> list[torch.Tensor]:
+def _decode_logits(policy, joined_on: bool, steps: int = 6, table: bool = False) -> list[torch.Tensor]:
     """Logits of ``steps`` lean decode steps (fixed tokens) from two prompts x G=3 sharing an opening."""
     m, ad = policy.model.eval(), policy.adapter
     gen = torch.Generator().manual_seed(1)
@@ -89,7 +91,8 @@ def _decode_logits(policy, joined_on: bool, steps: int = 6) -> list[torch.Tensor
         tokens = torch.randint(5, vocab - 5, (steps, 6), generator=gen)
         for t in tokens:
             st.mask = torch.cat([st.mask, torch.ones(6, 1, dtype=st.mask.dtype)], dim=1)
-            out.append(step(t, st.next_pos, st.mask, st.cache, st.prefix, joined))
+            rot = step.rotations(int(st.next_pos.min()), int(st.next_pos.max()) + steps) if table else None
+            out.append(step(t, st.next_pos, st.mask, st.cache, st.prefix, joined, rot))
             st.next_pos = st.next_pos + 1
     return out
 
@@ -107,6 +110,35 @@ def test_joined_projections_give_the_separate_modules_logits(tmp_path, family):
         assert all(j.qkv_bias is not None for j in joined)  # q, k, v carry biases there
     for a, b in zip(_decode_logits(policy, True), _decode_logits(policy, False), strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava", "qwen3", "llama"])
+def test_the_rotary_table_is_the_rotary_embedding_bit_for_bit(tmp_path, family):
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.tiny.families import build_tiny_family
+
+    policy = Policy.from_pretrained(build_tiny_family(family, tmp_path / "m"))
+    step = lean.stepper(policy.model, policy.adapter.uses_mrope(policy.model))
+    table = step.rotations(3, 300)
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 5, 32, 33):
+        pos = torch.randint(3, 301, (n,), generator=gen)
+        h = step.text.embed_tokens(torch.zeros(n, dtype=torch.long))
+        want, got = step._rotary(h, pos), table.at(pos)  # cos, sin (n, 1, D) each
+        assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+    # and a decode loop with the table gives the logits of one without it, exactly
+    for a, b in zip(_decode_logits(policy, True, table=True), _decode_logits(policy, True), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_rotary_table_is_refused_where_frequencies_follow_the_positions(tmp_path, monkeypatch):
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.tiny.families import build_tiny_family
+
+    policy = Policy.from_pretrained(build_tiny_family("llama", tmp_path / "m"))
+    step = lean.make_stepper(policy.model)
+    monkeypatch.setattr(step.text.rotary_emb, "rope_type", "dynamic")
+    assert step.rotations(0, 10) is None
 
 
 def test_joined_projections_are_left_out_when_large_or_wrapped(tmp_path, monkeypatch):

@@ -300,6 +300,10 @@ def decode(
     if lean_step is None:
         state.unshare()
     joined = lean_step.joined() if lean_step is not None else None  # this loop's joined projections
+    table = None  # this loop's rotary table: every position it feeds is within next_pos .. + max_new_tokens
+    if lean_step is not None and len(state.next_pos):
+        first, last = int(state.next_pos.min()), int(state.next_pos.max()) + max_new_tokens
+        table = lean_step.rotations(first, last)
     N = logits.shape[0]
     device = logits.device
     rows = torch.arange(N, device=device)  # (n,) the original row of each row decoding
@@ -336,7 +340,7 @@ def decode(
             rows, logits, nxt, real, done = rows[live], logits[live], nxt[live], real[live], done[live]
         state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (n, L + 1)
         if lean_step is not None:
-            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix, joined)  # (n, V)
+            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix, joined, table)  # (n, V)
         else:
             pos = state.next_pos[:, None]  # (n, 1)
             logits = model(

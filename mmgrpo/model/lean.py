@@ -36,6 +36,8 @@ LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"
 ATTENTION_PARTS = ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"q_norm", "k_norm"})
 """The child modules of a layer and of its attention that this step reproduces (the second set optional)."""
 MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+POSITION_DEPENDENT_ROPE = {"dynamic", "longrope"}
+"""Rotary kinds that recompute their frequencies from the longest position they are called with."""
 FUSE_MAX_BYTES = 64 * 2**20
 """A decode loop joins each layer's q, k, v projections into one product, and gate and up into one, when the
 joined copies take at most this many bytes in all. On a small model a decode step is per-operator overhead
@@ -60,6 +62,20 @@ class Joined:
     down: tuple[Tensor, Tensor | None] | None
 
 
+@dataclasses.dataclass(frozen=True)
+class Rotations:
+    """cos, sin (K, 1, D) of the text positions ``first`` .. ``first + K - 1`` (see ``LeanStep.rotations``)."""
+
+    first: int
+    cos: Tensor
+    sin: Tensor
+
+    def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin (N, 1, D) at positions (N,), each within the table."""
+        at = positions - self.first  # (N,)
+        return self.cos.index_select(0, at), self.sin.index_select(0, at)
+
+
 class LeanStep:
     """``step(ids, positions, mask, cache) -> logits`` for the model it was made for (see ``stepper``)."""
 
@@ -70,6 +86,26 @@ class LeanStep:
         ]
         self.plain_norms = {id(n) for n in norms if _is_plain_rms_norm(n)}
         self.gated_mlps = {id(x.mlp) for x in text_model.layers if _is_gated_mlp(x.mlp)}
+
+    def _rotary(self, h: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The rotary embedding's cos, sin (N, 1, D) at text positions (N,) (M-RoPE: all three alike)."""
+        pos = positions[:, None]  # (N, 1)
+        return self.text.rotary_emb(h[:, None], pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos)
+
+    @torch.no_grad()
+    def rotations(self, first: int, last: int) -> Rotations | None:
+        """The rotary embedding's cos and sin at every text position ``first`` .. ``last``, computed once
+        for a decode loop. A step then takes its rows' by index instead of calling the rotary embedding
+        (about 20 operators, 56 us a step on the tiny model); each position's values are an element-wise
+        function of it, so they are the same (tests/test_lean_decode.py). None for the rotary kinds whose
+        frequencies depend on the longest position of the call (dynamic NTK, LongRoPE)."""
+        if str(getattr(self.text.rotary_emb, "rope_type", "default")) in POSITION_DEPENDENT_ROPE:
+            return None
+        w = self.text.embed_tokens.weight  # (V, H): the hidden states' dtype and device
+        pos = torch.arange(first, last + 1, device=w.device)  # (K,)
+        h = w.new_zeros((len(pos), w.shape[1]))  # (K, H): the rotary embedding reads its dtype only
+        cos, sin = self._rotary(h, pos)  # (K, 1, D)
+        return Rotations(first, cos, sin)
 
     @torch.no_grad()
     def joined(self) -> list[Joined] | None:
@@ -103,18 +139,20 @@ class LeanStep:
         cache,
         prefix: SharedPrefix | None = None,
         joined: list[Joined] | None = None,
+        table: Rotations | None = None,
     ) -> Tensor:
         """ids (N,) the tokens fed, positions (N,) theirs, mask (N, L) of the sequence after they are
         added (1 = attend). Returns the next-token logits (N, V); the cache grows by one column per layer.
         With ``prefix`` the cache holds each row's own tokens only and the first ``prefix.length``
         columns of ``mask`` are its group's prompt (see mmgrpo.model.prefix). ``joined``: this decode
-        loop's ``joined()`` (None: every projection through its module)."""
+        loop's ``joined()`` (None: every projection through its module); ``table``: this loop's
+        ``rotations`` (None: the rotary embedding called on ``positions``)."""
         tm = self.text
         h = tm.embed_tokens(ids)  # (N, H)
-        pos = positions[:, None]  # (N, 1)
-        cos, sin = tm.rotary_emb(
-            h[:, None], pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos
-        )  # (N, 1, D)
+        if table is not None:
+            cos, sin = table.at(positions)  # (N, 1, D)
+        else:
+            cos, sin = self._rotary(h, positions)  # (N, 1, D)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, 1, D) broadcast over heads
         if prefix is None:
             attend = mask.bool()[:, None, None, :]  # (N, 1, 1, L)
