@@ -550,7 +550,7 @@ class Policy:
         if batch.vision.encoded is not None and not self._features_valid_for(reference):
             batch = dataclasses.replace(batch, vision=batch.vision.without_encoded())
         # the shared prefill needs a KV cache, which gradient checkpointing turns off in training passes
-        checkpointing = checkpointing_on(unwrap(model)) and model.training
+        checkpointing = model.training and checkpointing_on(unwrap(model))  # (the check walks the modules)
         images_ok = not batch.has_response_images or self.adapter.images_on_cache
         share = share_prompt and images_ok and not checkpointing and not self.lockstep
         G = batch.shared_prompt_runs() if share else 1

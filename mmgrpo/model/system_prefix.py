@@ -50,9 +50,9 @@ def _frozen_key(model, head: Tensor, device) -> tuple | None:
     """What an opening's encoding depends on when ``model`` cannot change it: the ids, the device, the
     autocast dtype and the weights' in-place version counters (a copy into them, such as loading other
     weights, moves the sum). None when the model trains (a parameter requires grad) or a graph is kept."""
+    if torch.is_grad_enabled() or any(p.requires_grad for p in model.parameters()):
+        return None  # (stops at the first trainable parameter: a training model is not walked through)
     params = list(model.parameters())
-    if torch.is_grad_enabled() or any(p.requires_grad for p in params):
-        return None
     kind = torch.device(device).type
     cast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
     return (tuple(head[0].tolist()), str(device), cast, sum(p._version for p in params), len(params))
