@@ -103,7 +103,7 @@ class LeanStep:
             return None
         w = self.text.embed_tokens.weight  # (V, H): the hidden states' dtype and device
         pos = torch.arange(first, last + 1, device=w.device)  # (K,)
-        h = w.new_zeros((len(pos), w.shape[1]))  # (K, H): the rotary embedding reads its dtype only
+        h = w.new_zeros((len(pos), 1))  # (K, 1): the rotary embedding reads only its dtype and device
         cos, sin = self._rotary(h, pos)  # (K, 1, D)
         return Rotations(first, cos, sin)
 
