@@ -210,18 +210,28 @@ def test_the_common_opening_of_a_batch_is_encoded_once_with_the_same_numbers(rag
     assert (g_shared - g_whole).norm() / g_whole.norm() < 1e-5
 
 
-def test_the_reference_encodes_the_shared_opening_once_while_its_weights_stay(ragged_stops, tiny_model_dir):
+def test_the_reference_encodes_the_shared_opening_once_while_its_weights_stay(
+    ragged_stops, tiny_model_dir, monkeypatch
+):
     """The frozen KL reference encodes the batch's common opening once and takes it from memory at later
     passes (same log-probs); a change to its weights (a copy into them) makes it encode the opening again."""
-    from mmgrpo.model import system_prefix
+    from mmgrpo.model import lean_prompt, system_prefix
     from mmgrpo.model.policy import Policy
 
     envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(8)]
     tok = _rollout(ragged_stops, envs, [2, 7], True).tokens
     policy = Policy.from_pretrained(tiny_model_dir)
     policy.make_reference()
-    calls = []
+    calls = []  # the reference's forwards and its lean prompt encodings (mmgrpo.model.lean_prompt)
     policy.reference.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+    encode = lean_prompt.PromptEncoder.__call__
+
+    def counted(self, *args):
+        if self.model is policy.reference:
+            calls.append(1)
+        return encode(self, *args)
+
+    monkeypatch.setattr(lean_prompt.PromptEncoder, "__call__", counted)
 
     def ref_pass():
         calls.clear()

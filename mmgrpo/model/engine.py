@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer
 
-from mmgrpo.model import lean, system_prefix
+from mmgrpo.model import lean, lean_prompt, system_prefix
 from mmgrpo.model import lean_pass as lean_pass_mod
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
@@ -251,7 +251,11 @@ def encode_heads(
     Returns the next-token logits (B, V), the cache (B rows), each prompt's next position (B,) and the
     cache's mask (B, P')."""
 
+    lean_encoder = lean_prompt.for_model(model, adapter)  # None: the model's own forward
+
     def forward(i, m, v, positions, cache):
+        if lean_encoder is not None and lean_encoder.takes(v):
+            return lean_encoder(i.to(device), m.to(device), v, positions.to(device), cache)
         kw = adapter.forward_kwargs(i, m, v, device, model_dtype(model))
         extra = {} if cache is None else {cache_kwarg(model): cache}
         return model(**kw, position_ids=positions.to(device), logits_to_keep=1, use_cache=True, **extra)

@@ -1,0 +1,141 @@
+"""A lean prompt encoding: a block of prompt tokens through the decoder layers called directly, the KV cache
+filled as the model's forward would fill it.
+
+Every GRPO step encodes its prompts three times: the rollout's prefill, the training pass and the
+reference pass (``mmgrpo.model.system_prefix``: the batch's common opening once, then each prompt's
+remainder as one left-padded block on it). On the tiny VLM of the vs-TRL counting benchmark (4 prompts of
+68 tokens, one thread) the model's forward took about 4 ms for the opening (1 x 31 tokens, 0.5 ms of it
+arithmetic) and 7 ms for the block (4 x 37 tokens with the image): output-capturing wrappers, keyword
+plumbing, the masking utilities' 4-D mask, key/value heads copied per query head. ``PromptEncoder`` runs
+the same modules (embedding, rotary embedding, norms, projections, MLP: LoRA-wrapped ones too) with one
+additive mask and one attention call per layer, appends each layer's keys and values to the cache, and
+returns the last column's logits. Images are placed as the model places them: its image features (the
+cached ``mm_encoder_outputs``) scattered over the placeholder tokens by the model's own
+``get_placeholder_mask``.
+
+Which models: those whose layers ``mmgrpo.model.lean`` reproduces (``lean.stepper``), on the CPU, with the
+lean passes on (``lean_pass.LEAN_PASSES``: the same switch, so the tests that compare the lean and plain
+passes compare this too), no attention dropout while training, and outside the training passes of a
+DDP-wrapped model. A block with images only for the
+families whose forward embeds them as above (``SCATTERS_IMAGES``) and only from cached features; Qwen3-VL
+also adds its image features inside the first layers (deepstack), so its image blocks take the model's
+forward. Same numbers as the model's forward (tests/test_lean_prompt.py: logits, cache and gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers.cache_utils import DynamicCache
+
+from mmgrpo.model import lean, lean_pass
+from mmgrpo.model.adapters import CausalLMAdapter, unwrap
+from mmgrpo.model.batch import VisionInputs
+
+SCATTERS_IMAGES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava"})
+"""Model types whose forward puts image features in place of the image placeholders' embeddings and
+does nothing else with them (read in the transformers sources these tiny families are built from)."""
+
+
+class Encoded(dict):
+    """What ``PromptEncoder`` returns, read like a model output: ``out["cache"]``, ``out.logits``."""
+
+    @property
+    def logits(self) -> Tensor:
+        return self["logits"]
+
+
+class PromptEncoder:
+    """``encoder(ids, mask, vision, positions, cache)`` for the model it was made for (see ``for_model``)."""
+
+    def __init__(self, model, adapter: CausalLMAdapter, step: lean.LeanStep) -> None:
+        self.model, self.adapter, self.step = model, adapter, step
+        m = unwrap(model)
+        if hasattr(m, "get_base_model"):
+            m = m.get_base_model()
+        self.inner = getattr(m, "model", None)  # the multimodal model: get_placeholder_mask
+        self.config = m.config
+        self.scatters = getattr(m.config, "model_type", None) in SCATTERS_IMAGES
+
+    def takes(self, vision: VisionInputs) -> bool:
+        """Whether a block with these images can be encoded here (else the model's forward runs)."""
+        if vision.empty:
+            return True
+        return (
+            self.scatters
+            and vision.has_encoded
+            and self.adapter.caches_encoder
+            and hasattr(self.inner, "get_placeholder_mask")
+        )
+
+    def embed(self, ids: Tensor, vision: VisionInputs) -> Tensor:
+        """The input embeddings of ids (n, W), image features over the placeholders: (n, W, H)."""
+        h = self.step.text.embed_tokens(ids)  # (n, W, H)
+        if vision.empty:
+            return h
+        kw = self.adapter.vision_kwargs(vision, h.device, h.dtype)
+        features = torch.cat(kw["mm_encoder_outputs"]["image"].pooler_output, dim=0).to(h.device, h.dtype)
+        where = self.inner.get_placeholder_mask(ids, inputs_embeds=h, image_features=features)
+        where = where[0] if isinstance(where, tuple) else where  # Qwen-VL: (image, video); LLaVA: image
+        return h.masked_scatter(where, features)  # (n, W, H)
+
+    def __call__(self, ids: Tensor, mask: Tensor, vision: VisionInputs, positions: Tensor, cache) -> Encoded:
+        """ids (n, W) a block, left-padded, after ``cache`` (None: nothing before it); mask (n, C + W) the
+        cache's columns then the block's (0 on padding and holes); positions (n, W), or (3, n, W) with
+        M-RoPE. Each real token attends the cache's real columns and the block's real tokens up to itself.
+        Returns the logits of each row's last column, (n, 1, V), and the cache with the block appended."""
+        step, tm = self.step, self.step.text
+        n, W = ids.shape
+        h = self.embed(ids, vision)  # (n, W, H)
+        cos, sin = tm.rotary_emb(h, positions)  # (n, W, D)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (n, 1, W, D) broadcast over heads
+        if cache is None:
+            cache = DynamicCache(config=self.config)
+        C = mask.shape[1] - W
+        real = mask.bool()  # (n, C + W)
+        causal = torch.ones((W, W), dtype=torch.bool, device=ids.device).tril()  # (W, W): t sees <= t
+        block = (real[:, None, C:] & causal) | torch.eye(W, dtype=torch.bool, device=ids.device)  # (n, W, W)
+        allowed = torch.cat([real[:, None, :C].expand(n, W, C), block], dim=2)  # (n, W, C + W)
+        # (a padding column attends itself, so that no row of the softmax is empty; nothing reads it)
+        neg = torch.finfo(h.dtype).min
+        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, neg)
+        bias = bias[:, None]  # (n, 1, W, C + W) additive
+        for i, layer in enumerate(tm.layers):
+            x = step.norm(layer.input_layernorm, h)  # (n, W, H)
+            h = h + _attention(layer.self_attn, x, cos, sin, bias, cache, i)
+            h = h + layer.mlp(step.norm(layer.post_attention_layernorm, h))
+        logits = step.lm_head(step.norm(tm.norm, h[:, -1:]))  # (n, 1, V)
+        return Encoded(logits=logits, cache=cache)
+
+
+def _attention(attn, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, cache, i: int) -> Tensor:
+    """One layer's self-attention for a block of W tokens per row on the cache's earlier columns:
+    x (n, W, H) -> (n, W, H); the block's keys and values are appended to layer ``i`` of ``cache``."""
+    n, W, _ = x.shape
+    D = attn.head_dim
+    q, k, v, _ = lean._project(attn, x, None)  # through the modules: (n, W, Hq*D), (n, W, Hk*D) twice
+    q, k = q.view(n, W, -1, D), k.view(n, W, -1, D)  # (n, W, Hq, D), (n, W, Hk, D)
+    v = v.view(n, W, -1, D).transpose(1, 2)  # (n, Hk, W, D)
+    if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    Hq = q.shape[2]
+    qk = torch.cat([q, k], dim=2).transpose(1, 2)  # (n, Hq + Hk, W, D)
+    q, k = lean._rotate(qk, cos, sin).split([Hq, qk.shape[1] - Hq], dim=1)  # (n, Hq, W, D), (n, Hk, W, D)
+    keys, values = cache.update(k, v, i)  # (n, Hk, C + W, D) each, the block included
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=bias, scale=attn.scaling, enable_gqa=Hq != keys.shape[1]
+    )  # (n, Hq, W, D)
+    return attn.o_proj(out.transpose(1, 2).reshape(n, W, Hq * D))  # (n, W, H)
+
+
+def for_model(model, adapter: CausalLMAdapter) -> PromptEncoder | None:
+    """The lean prompt encoder for ``model``, or None where its own forward must run (the conditions of
+    ``lean_pass.for_model``: the lean passes on, the CPU, a layout the lean step reproduces, no attention
+    dropout while training), and not in a training pass of a DDP-wrapped model: DDP readies its gradient
+    hooks in its own forward, so such a pass must run one (the response passes call the layers directly)."""
+    if lean_pass.for_model(model, adapter) is None:
+        return None
+    if torch.is_grad_enabled() and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    return PromptEncoder(model, adapter, lean.stepper(model, adapter.uses_mrope(model)))
