@@ -35,12 +35,18 @@ def _encode(policy: Policy, ids, mask, vision, lean_on: bool, monkeypatch) -> tu
     monkeypatch.setattr(lean_pass, "LEAN_PASSES", lean_on)
     calls = []
     real = lean_prompt.PromptEncoder.__call__
-    monkeypatch.setattr(lean_prompt.PromptEncoder, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(
+        lean_prompt.PromptEncoder, "__call__", lambda self, *a: calls.append(1) or real(self, *a)
+    )
     policy.model.zero_grad()
-    first, cache, start, layout = engine.encode_heads(policy.model, policy.adapter, ids, mask, vision, policy.device)
+    first, cache, start, layout = engine.encode_heads(
+        policy.model, policy.adapter, ids, mask, vision, policy.device
+    )
     kv = torch.cat([t.flatten() for x in cache.layers for t in (x.keys, x.values)])  # every cached number
     g = torch.Generator().manual_seed(1)
-    loss = (first * torch.randn(first.shape, generator=g)).sum() + (kv * torch.randn(kv.shape, generator=g)).sum()
+    loss = (first * torch.randn(first.shape, generator=g)).sum() + (
+        kv * torch.randn(kv.shape, generator=g)
+    ).sum()
     loss.backward()
     grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
     monkeypatch.setattr(lean_prompt.PromptEncoder, "__call__", real)
@@ -55,8 +61,12 @@ def test_lean_prompt_encoding_equals_the_model_forward(tmp_path, monkeypatch, fa
     assert system_prefix.common_prefix(ids, mask, stop) >= system_prefix.MIN_SHARED  # opening, then block
     images = not vision.empty
     assert images == (family in VISION_FAMILIES) and (not images or vision.has_encoded)
-    first_p, kv_p, start_p, layout_p, grad_p, plain_calls = _encode(policy, ids, mask, vision, False, monkeypatch)
-    first_l, kv_l, start_l, layout_l, grad_l, lean_calls = _encode(policy, ids, mask, vision, True, monkeypatch)
+    first_p, kv_p, start_p, layout_p, grad_p, plain_calls = _encode(
+        policy, ids, mask, vision, False, monkeypatch
+    )
+    first_l, kv_l, start_l, layout_l, grad_l, lean_calls = _encode(
+        policy, ids, mask, vision, True, monkeypatch
+    )
     assert plain_calls == 0
     # the opening and the block; Qwen3-VL's image block goes through its forward (deepstack features)
     assert lean_calls == (1 if family == "qwen3-vl" else 2)
