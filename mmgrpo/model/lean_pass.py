@@ -75,8 +75,23 @@ def _attention(
     """One layer's self-attention for t tokens per row on its group's prompt keys / values:
     x (n, t, H) -> (n, t, H); bias (n, 1, t, P + t)."""
     n, t, _ = x.shape
+    q, k, v = rotated_qkv(attn, x, cos, sin)  # (n, Hq, t, D), (n, Hk, t, D) twice
+    Hq, D = q.shape[1], q.shape[3]
+    k = torch.cat([take_rows(keys, group), k], dim=2)  # (n, Hk, P + t, D)
+    v = torch.cat([take_rows(values, group), v], dim=2)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
+    )  # (n, Hq, t, D)
+    return attn.o_proj(out.transpose(1, 2).reshape(n, t, Hq * D))  # (n, t, H)
+
+
+def rotated_qkv(attn, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One layer's queries, keys and values of x (n, t, H) through its modules (LoRA-wrapped ones too), the
+    per-head norms (Qwen3) and the rotation applied: (n, Hq, t, D), (n, Hk, t, D), (n, Hk, t, D); cos, sin
+    (n, 1, t, D)."""
+    n, t, _ = x.shape
     D = attn.head_dim
-    q, k, v, _ = lean._project(attn, x, None)  # through the modules: (n, t, Hq*D), (n, t, Hk*D) twice
+    q, k, v, _ = lean._project(attn, x, None)  # (n, t, Hq*D), (n, t, Hk*D) twice
     q, k = q.view(n, t, -1, D), k.view(n, t, -1, D)  # (n, t, Hq, D), (n, t, Hk, D)
     v = v.view(n, t, -1, D).transpose(1, 2)  # (n, Hk, t, D)
     if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
@@ -84,12 +99,7 @@ def _attention(
     Hq = q.shape[2]
     qk = torch.cat([q, k], dim=2).transpose(1, 2)  # (n, Hq + Hk, t, D)
     q, k = lean._rotate(qk, cos, sin).split([Hq, qk.shape[1] - Hq], dim=1)  # (n, Hq, t, D), (n, Hk, t, D)
-    k = torch.cat([take_rows(keys, group), k], dim=2)  # (n, Hk, P + t, D)
-    v = torch.cat([take_rows(values, group), v], dim=2)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
-    )  # (n, Hq, t, D)
-    return attn.o_proj(out.transpose(1, 2).reshape(n, t, Hq * D))  # (n, t, H)
+    return q, k, v
 
 
 def for_model(model, adapter) -> LeanPass | None:

@@ -113,15 +113,8 @@ def _attention(attn, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, cache, i
     """One layer's self-attention for a block of W tokens per row on the cache's earlier columns:
     x (n, W, H) -> (n, W, H); the block's keys and values are appended to layer ``i`` of ``cache``."""
     n, W, _ = x.shape
-    D = attn.head_dim
-    q, k, v, _ = lean._project(attn, x, None)  # through the modules: (n, W, Hq*D), (n, W, Hk*D) twice
-    q, k = q.view(n, W, -1, D), k.view(n, W, -1, D)  # (n, W, Hq, D), (n, W, Hk, D)
-    v = v.view(n, W, -1, D).transpose(1, 2)  # (n, Hk, W, D)
-    if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    Hq = q.shape[2]
-    qk = torch.cat([q, k], dim=2).transpose(1, 2)  # (n, Hq + Hk, W, D)
-    q, k = lean._rotate(qk, cos, sin).split([Hq, qk.shape[1] - Hq], dim=1)  # (n, Hq, W, D), (n, Hk, W, D)
+    q, k, v = lean_pass.rotated_qkv(attn, x, cos, sin)  # (n, Hq, W, D), (n, Hk, W, D) twice
+    Hq, D = q.shape[1], q.shape[3]
     keys, values = cache.update(k, v, i)  # (n, Hk, C + W, D) each, the block included
     out = F.scaled_dot_product_attention(
         q, keys, values, attn_mask=bias, scale=attn.scaling, enable_gqa=Hq != keys.shape[1]
