@@ -127,8 +127,9 @@ def for_model(model, adapter: CausalLMAdapter) -> PromptEncoder | None:
     ``lean_pass.for_model``: the lean passes on, the CPU, a layout the lean step reproduces, no attention
     dropout while training), and not in a training pass of a DDP-wrapped model: DDP readies its gradient
     hooks in its own forward, so such a pass must run one (the response passes call the layers directly)."""
-    if lean_pass.for_model(model, adapter) is None:
+    passes = lean_pass.for_model(model, adapter)
+    if passes is None:
         return None
     if torch.is_grad_enabled() and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return None
-    return PromptEncoder(model, adapter, lean.stepper(model, adapter.uses_mrope(model)))
+    return PromptEncoder(model, adapter, passes.step)
