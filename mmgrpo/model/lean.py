@@ -191,11 +191,7 @@ class LeanStep:
         cos, sin = tm.rotary_emb(h, positions)  # (N, W, D)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, W, D) broadcast over heads
         own = mask[:, prefix.length :].bool()  # (N, R + W)
-        R = own.shape[1] - W
-        causal = torch.ones((W, W), dtype=torch.bool, device=own.device).tril()  # (W, W): t sees <= t
-        allowed = torch.cat([own[:, None, :R].expand(N, W, R), own[:, None, R:] & causal], dim=2)  # (N, W, R+W)
-        neg = torch.finfo(h.dtype).min
-        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, neg)
+        bias = block_bias(own[:, :-W], own[:, -W:], h.dtype)  # (N, W, R + W)
         norm = self.norm
         for i, layer in enumerate(tm.layers):
             j = joined[i] if joined is not None else None
@@ -332,6 +328,22 @@ def _is_gated_mlp(mlp) -> bool:
         want = mlp(probe)
         got = mlp.down_proj(mlp.act_fn(gate(probe)) * up(probe))
     return want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-5, atol=1e-6))
+
+
+def block_bias(earlier: Tensor, block: Tensor, dtype: torch.dtype, attend_self: bool = False) -> Tensor:
+    """The additive mask (n, W, C + W) of a block of W new tokens per row after C earlier columns: each
+    token attends the earlier columns that are real (``earlier`` (n, C), bool) and the block's real tokens
+    (``block`` (n, W), bool) up to itself; 0 where it attends, the dtype's min elsewhere. ``attend_self``:
+    every token attends itself too, padding included, so that no row of the softmax is empty."""
+    n, C = earlier.shape
+    W = block.shape[1]
+    causal = torch.ones((W, W), dtype=torch.bool, device=block.device).tril()  # (W, W): t sees <= t
+    own = block[:, None, :] & causal  # (n, W, W)
+    if attend_self:
+        own = own | torch.eye(W, dtype=torch.bool, device=block.device)
+    allowed = torch.cat([earlier[:, None, :].expand(n, W, C), own], dim=2)  # (n, W, C + W)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=block.device)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -52,14 +52,7 @@ class LeanPass:
         h = tm.embed_tokens(ids)  # (n, t, H)
         cos, sin = tm.rotary_emb(h, positions)  # (n, t, D)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (n, 1, t, D) broadcast over heads
-        P = prompt_mask.shape[1]
-        causal = torch.ones((t, t), dtype=torch.bool, device=ids.device).tril()  # (t, t): j sees <= j
-        allowed = torch.cat(
-            [prompt_mask.bool()[:, None, :].expand(n, t, P), rmask.bool()[:, None, :] & causal], dim=2
-        )  # (n, t, P + t)
-        neg = torch.finfo(h.dtype).min
-        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, neg)
-        bias = bias[:, None]  # (n, 1, t, P + t) additive
+        bias = lean.block_bias(prompt_mask.bool(), rmask.bool(), h.dtype)[:, None]  # (n, 1, t, P + t)
         norm = step.norm
         for i, layer in enumerate(tm.layers):
             x = norm(layer.input_layernorm, h)  # (n, t, H)

@@ -94,12 +94,8 @@ class PromptEncoder:
             cache = DynamicCache(config=self.config)
         C = mask.shape[1] - W
         real = mask.bool()  # (n, C + W)
-        causal = torch.ones((W, W), dtype=torch.bool, device=ids.device).tril()  # (W, W): t sees <= t
-        block = (real[:, None, C:] & causal) | torch.eye(W, dtype=torch.bool, device=ids.device)  # (n, W, W)
-        allowed = torch.cat([real[:, None, :C].expand(n, W, C), block], dim=2)  # (n, W, C + W)
-        # (a padding column attends itself, so that no row of the softmax is empty; nothing reads it)
-        neg = torch.finfo(h.dtype).min
-        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, neg)
+        # a padding column attends itself, so that no row of the softmax is empty; nothing reads it
+        bias = lean.block_bias(real[:, :C], real[:, C:], h.dtype, attend_self=True)  # (n, W, C + W)
         bias = bias[:, None]  # (n, 1, W, C + W) additive
         for i, layer in enumerate(tm.layers):
             x = step.norm(layer.input_layernorm, h)  # (n, W, H)
