@@ -314,7 +314,8 @@ def load_checkpoint(trainer, path: Path) -> dict[str, Any]:
     """Restore the trainer from a checkpoint written by :func:`save_checkpoint`; returns its state.
 
     Checked first, before anything is loaded: the number of processes, the config changes that cannot
-    apply on resume (:func:`resume_changes`) and every file (:func:`damaged_file`); a failure names the
+    apply on resume (:func:`resume_changes`), a grpo.steps below the checkpoint's step
+    (:func:`steps_done_refusal`) and every file (:func:`damaged_file`); a failure names the
     checkpoint, what is wrong and the previous complete checkpoint of the run."""
     from accelerate.utils import DistributedType
 
@@ -330,6 +331,9 @@ def load_checkpoint(trainer, path: Path) -> dict[str, Any]:
     refused = resume_changes(state.get("config", {}), trainer.flat_config).refused
     if refused:
         raise ConfigError(f"--resume {path}: {'; '.join(refused)}")
+    too_few = steps_done_refusal(path, int(state["step"]), trainer.cfg.grpo.steps)
+    if too_few:
+        raise ConfigError(too_few)
     policy = trainer.policy
     ours = getattr(trainer, "sharded", False)  # sharded by mmgrpo.train.fsdp: its own shard files
     sharded = ours or acc.distributed_type == DistributedType.DEEPSPEED
@@ -492,6 +496,25 @@ def resume_changes(saved: dict[str, Any], current: dict[str, Any], step: int | N
         else:
             out.applied.append(line)
     return out
+
+
+def steps_done_refusal(path: Path, done: int, steps: int) -> str | None:
+    """The error of a resume from checkpoint ``path`` (at step ``done``) with grpo.steps=``steps`` fewer than
+    that, else None. Without it the run trained no step, logged no reward ("last reward nan") and exited 0,
+    writing the checkpoint's weights as final/."""
+    if done <= steps:
+        return None
+    path = Path(path)
+    earlier = [c for c in complete_checkpoints(path.parent) if (checkpoint_step(c) or 0) <= steps]
+    return (
+        f"--resume {path}: the checkpoint has done {done} steps and grpo.steps is {steps}: a run cannot end "
+        f"before the steps it has done. Resume with --set grpo.steps={done} or more"
+        + (
+            f", or resume from {earlier[-1]} (step {checkpoint_step(earlier[-1])}) to end at step {steps}"
+            if earlier
+            else ""
+        )
+    )
 
 
 def _refusal(key: str, old: Any, new: Any, current: dict[str, Any]) -> str | None:

@@ -416,18 +416,21 @@ class Trainer:
 
         A changed config applies from the next step (one warning line says how each change is taken):
         the learning rates, AdamW's betas and weight decay and the schedule, which the restored optimizer
-        and scheduler would override, are set again from the new config (mmgrpo.train.resume.rebuild_lr); changes that
-        cannot apply (mmgrpo.train.checkpoint.FIXED_ON_RESUME) are refused before anything is loaded."""
+        and scheduler would override, are set again from the new config (mmgrpo.train.resume.rebuild_lr; a
+        changed grpo.num_iterations re-fits the schedule, said in a second line); changes that cannot apply
+        (mmgrpo.train.checkpoint.FIXED_ON_RESUME, a grpo.steps below the checkpoint's step) are refused before
+        anything is loaded."""
         state = load_checkpoint(self, path)
-        rebuild_lr(self.cfg, self.optimizer, self.scheduler)
+        refit = rebuild_lr(self.cfg, self.optimizer, self.scheduler, state.get("config"))
         if Path(path).resolve() == (self.out / f"checkpoint-{self.step}").resolve():
             self._saved_step = self.step  # a stop before the next step need not write it again
         if self.is_main:
             line = resume_changes(state.get("config", {}), self.flat_config, self.step).warning(
                 path, self.step
             )
-            if line:
-                print(line, file=sys.stderr, flush=True)
+            for said in (line, refit):
+                if said:
+                    print(said, file=sys.stderr, flush=True)
             truncate_metrics(self.metrics_path, self.step)
         self.accelerator.wait_for_everyone()
         return state
