@@ -21,7 +21,9 @@ def _batch(policy: Policy, name: str, seed: int = 0):
     policy.stop_ids = sorted(set(policy.stop_ids) | set(range(40, vocab, 3)))  # rows end at different lengths
     env = (lambda: CountingEnv(max_count=3)) if name in VISION_FAMILIES else TextMathEnv
     # 3 prompts x G = 4, responses of different lengths (padding after a row's end)
-    return rollout(policy, [env() for _ in range(12)], [0, 1, 2], group_size=4, max_new_tokens=7).tokens
+    tok = rollout(policy, [env() for _ in range(12)], [0, 1, 2], group_size=4, max_new_tokens=7).tokens
+    _SEEN.clear()  # the gate's probe of the lean pass (mmgrpo.model.lean_gate) ran in the rollout
+    return tok
 
 
 def _logprobs_and_grad(policy: Policy, tok, lean_on: bool, monkeypatch, calls: list) -> tuple:
@@ -126,6 +128,7 @@ def test_a_pass_with_a_tool_image_goes_through_the_model(tmp_path, monkeypatch, 
     torch.manual_seed(2)
     envs = [ZoomOnceEnv(with_image=True, turns_before_end=2) for _ in range(6)]
     tok = rollout(policy, envs, [0, 1, 2], group_size=2, max_new_tokens=6, max_turns=3).tokens
+    _SEEN.clear()  # the gate's probe of the lean pass ran in the rollout
     assert tok.has_response_images
     calls: list[int] = []
     lp_plain, g_plain = _logprobs_and_grad(policy, tok, False, monkeypatch, calls)

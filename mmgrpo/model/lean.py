@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmgrpo.model import lean_gate
 from mmgrpo.model.adapters import holds_shards, unwrap
 from mmgrpo.model.prefix import SharedPrefix, grouped_attention
 
@@ -356,22 +357,41 @@ _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def stepper(model, mrope: bool = False) -> LeanStep | None:
-    """The lean step for ``model``, made once per model (see ``make_stepper``); None while it holds FSDP
-    shards (the step reads the layers' weights directly)."""
+    """The lean step for ``model``, made and checked once per model: None where the model's own forward
+    must run (``lean_gate``: a model type off the list, a config the step ignores, a layout it does not
+    reproduce, or a decode step / block whose numbers differ from the forward's), and while the model
+    holds FSDP shards (the step reads the layers' weights directly)."""
     key = unwrap(model)
     if holds_shards(key):
         return None
     if key not in _STEPS:
-        _STEPS[key] = (make_stepper(model, mrope),)
+        step = make_stepper(model, mrope)
+        check = None if step is None else (lambda p: probe_pairs(step, p, mrope))
+        _STEPS[key] = (step if lean_gate.agrees(model, "decode step", check) else None,)
     return _STEPS[key][0]
+
+
+def probe_pairs(step: LeanStep, p: lean_gate.Probe, mrope: bool) -> list[tuple[Tensor, Tensor]]:
+    """The step's logits on the probe beside the forward's log-probs at the same columns: a decode step on
+    the model's own prompt cache; then, on that prompt held as a shared prefix, a block of 3 tokens and a
+    decode step after it (the later-turn path)."""
+    ids, P = p.ids, p.prompt  # (N, T)
+    ones = torch.ones_like(ids)  # (N, T)
+    pos = p.positions(P, P + 1, False)[:, 0]  # (N,)
+    first = step(ids[:, P], pos, ones[:, : P + 1], p.prefill(P))  # (N, V)
+    prefix, rest = SharedPrefix.split(p.prefill(P), ones[:, :P], 1)
+    W = 3
+    block = step.block(ids[:, P : P + W], p.positions(P, P + W, mrope), ones[:, : P + W], rest, prefix)
+    after = step(ids[:, P + W], pos + W, ones[:, : P + W + 1], rest, prefix)  # (N, V)
+    return [(first, p.logprobs[:, P]), (block, p.logprobs[:, P + W - 1]), (after, p.logprobs[:, P + W])]
 
 
 def make_stepper(model, mrope: bool = False) -> LeanStep | None:
     """The lean step for ``model`` (``mrope``: its rotary embedding takes 3-D positions, see the
     adapter's ``uses_mrope``), or None when its layout is not the one this module reproduces."""
-    m = unwrap(model)
-    if hasattr(m, "get_base_model"):
-        m = m.get_base_model()
+    if lean_gate.refusal(model) is not None:  # a model type off the list, a config the step ignores
+        return None
+    m = lean_gate.bare(model)
     text_config = m.config.get_text_config()
     inner = getattr(m, "model", None)
     text = getattr(inner, "language_model", inner)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmgrpo.model import lean
+from mmgrpo.model import lean, lean_gate
 from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.prefix import take_rows
 
@@ -105,9 +105,26 @@ def for_model(model, adapter) -> LeanPass | None:
         return None
     if next(unwrap(model).parameters()).device.type != "cpu":
         return None
-    step = lean.stepper(model, adapter.uses_mrope(model))
+    mrope = adapter.uses_mrope(model)
+    step = lean.stepper(model, mrope)
     if step is None:
         return None
     if model.training and any(getattr(x.self_attn, "attention_dropout", 0.0) for x in step.text.layers):
         return None
-    return LeanPass(step)
+    passes = LeanPass(step)
+    return (
+        passes if lean_gate.agrees(model, "training pass", lambda p: probe_pairs(passes, p, mrope)) else None
+    )
+
+
+def probe_pairs(passes: LeanPass, p: lean_gate.Probe, mrope: bool) -> list[tuple[Tensor, Tensor]]:
+    """The pass's logits for the probe's last columns as responses on its prompts (the model's own cache,
+    one group per row) beside the forward's log-probs there."""
+    ids, P = p.ids, p.prompt  # (N, T)
+    N, T = ids.shape
+    ones = torch.ones_like(ids)  # (N, T)
+    group = torch.arange(N, device=ids.device)  # (N,)
+    hidden = passes.hidden(
+        ids[:, P:], ones[:, P:], p.positions(P, T, mrope), ones[:, :P], p.prefill(P), group
+    )
+    return [(passes.step.lm_head(hidden), p.logprobs[:, P:])]  # (N, T - P, V) each

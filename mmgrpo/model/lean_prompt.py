@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
-from mmgrpo.model import lean, lean_pass
+from mmgrpo.model import lean, lean_gate, lean_pass
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import VisionInputs
 
@@ -128,4 +128,21 @@ def for_model(model, adapter: CausalLMAdapter) -> PromptEncoder | None:
         return None
     if torch.is_grad_enabled() and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return None
-    return PromptEncoder(model, adapter, passes.step)
+    encoder = PromptEncoder(model, adapter, passes.step)
+    mrope = adapter.uses_mrope(model)
+    return (
+        encoder
+        if lean_gate.agrees(model, "prompt encoding", lambda p: probe_pairs(encoder, p, mrope))
+        else None
+    )
+
+
+def probe_pairs(encoder: PromptEncoder, p: lean_gate.Probe, mrope: bool) -> list[tuple[Tensor, Tensor]]:
+    """The encoder's last-column logits for the probe's prompt from nothing, then for the rest as a block
+    on the cache it filled, beside the forward's log-probs at those columns."""
+    ids, P = p.ids, p.prompt  # (N, T)
+    N, T = ids.shape
+    ones, none = torch.ones_like(ids), VisionInputs.none(N)  # (N, T)
+    head = encoder(ids[:, :P], ones[:, :P], none, p.positions(0, P, mrope), None)
+    tail = encoder(ids[:, P:], ones, none, p.positions(P, T, mrope), head["cache"])
+    return [(head.logits[:, -1], p.logprobs[:, P - 1]), (tail.logits[:, -1], p.logprobs[:, T - 1])]

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.model import engine
+from mmgrpo.model import engine, model_check
 from mmgrpo.model.adapters import adapter_for, holds_shards, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
@@ -92,6 +92,7 @@ class Policy:
         tok = self.tokenizer
         self.adapter = adapter_for(model)
         self.adapter.speed_up(model)
+        model_check.check(model, self.adapter)  # causal, a cache, sampled = forward: else one clear line
         if self.device.type == "cpu":
             # grouped-query attention inside SDPA instead of copying every key/value head per query head
             # (transformers only does so without a mask by default): same numbers, 35% faster attention
@@ -241,7 +242,9 @@ class Policy:
         if no_cache or holds_shards(self.model):  # FSDP shards, not gathered: the forward encodes
             return vision
         with self.evaluating(), self.autocast():
-            encoded = self.adapter.encode_images(self.model, vision, self.device, engine.model_dtype(self.model))
+            encoded = self.adapter.encode_images(
+                self.model, vision, self.device, engine.model_dtype(self.model)
+            )
         if encoded is None:
             return vision
         return VisionInputs(vision.seqs, vision.images_per_seq, encoded)
@@ -564,7 +567,12 @@ class Policy:
                 blocks = engine.response_blocks_full(model, self.adapter, batch, self.device, some)
             targets, where = batch.response_ids.to(self.device), scored.to(self.device) if some else None
             logp, ent = block_stats(
-                blocks, targets, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, scored=where
+                blocks,
+                targets,
+                temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                scored=where,
             )  # (N, T), (N, T) or None: the entropy of each step
             return (logp, ent) if with_entropy else logp
 

@@ -20,6 +20,7 @@ import copy
 
 import torch
 from torch import Tensor
+from transformers import cache_utils
 
 
 class GroupGrid:
@@ -211,6 +212,15 @@ def _merged_attention(
     lse_own = lse_own[..., None].float()  # (n, Hk, g, 1)
     lse = torch.logaddexp(lse_pre, lse_own)  # (n, Hk, g, 1)
     return (out_pre * (lse_pre - lse).exp() + out_own * (lse_own - lse).exp()).to(q.dtype)
+
+
+PLAIN_LAYERS = tuple(
+    getattr(cache_utils, name)
+    for name in ("DynamicLayer", "DynamicSlidingWindowLayer")
+    if hasattr(cache_utils, name)
+)
+"""Cache layers that hold keys and values and nothing else: the kinds whose rows mmgrpo repeats and selects
+(a state-space, linear-attention or compressed layer holds state that batch repetition may not cover)."""
 
 
 def selects_rows(cache) -> bool:
