@@ -14,15 +14,7 @@ from tests.test_multiturn import ZoomOnceEnv
 def _rollout(policy, envs, seeds, kv: bool, seed: int = 0, **kw):
     torch.manual_seed(seed)
     return rollout(
-        policy,
-        envs,
-        seeds,
-        group_size=4,
-        max_new_tokens=8,
-        temperature=1.0,
-        max_turns=3,
-        kv_across_turns=kv,
-        **kw,
+        policy, envs, seeds, group_size=4, max_new_tokens=8, temperature=1.0, max_turns=3, kv_across_turns=kv, **kw
     )
 
 
@@ -66,9 +58,7 @@ def test_kept_cache_gives_the_episodes_of_encoding_every_turn(ragged_stops, with
     seeds = [3, 8]
     runs = []
     for kv in (True, False):
-        envs = [
-            ZoomOnceEnv(with_image=with_image, turns_before_end=1 + i % 2) for i in range(8)
-        ]  # 2 or 3 turns
+        envs = [ZoomOnceEnv(with_image=with_image, turns_before_end=1 + i % 2) for i in range(8)]  # 2 or 3 turns
         runs.append(_rollout(policy, envs, seeds, kv))
     kept, again = runs
     assert [t.response_ids for t in kept.trajectories] == [t.response_ids for t in again.trajectories]
@@ -79,9 +69,7 @@ def test_kept_cache_gives_the_episodes_of_encoding_every_turn(ragged_stops, with
 
 
 @pytest.mark.parametrize("with_image", [False, True])
-def test_sampled_ids_and_logprobs_on_the_kept_cache_are_what_training_reads(
-    tiny_policy, ragged_stops, with_image, monkeypatch
-):
+def test_sampled_ids_and_logprobs_on_the_kept_cache_are_what_training_reads(tiny_policy, ragged_stops, with_image, monkeypatch):
     policy = tiny_policy
     record = record_turns(monkeypatch)
     envs = [ZoomOnceEnv(with_image=with_image, turns_before_end=2) for _ in range(8)]
@@ -99,9 +87,7 @@ def test_sampled_ids_and_logprobs_on_the_kept_cache_are_what_training_reads(
 
 
 @pytest.mark.parametrize("with_image", [False, True])
-def test_new_tokens_run_in_blocks_of_similar_length_with_the_same_episodes(
-    ragged_stops, with_image, monkeypatch
-):
+def test_new_tokens_run_in_blocks_of_similar_length_with_the_same_episodes(ragged_stops, with_image, monkeypatch):
     """A later turn's new tokens run in several blocks of rows (``engine.length_chunks``, here forced to
     cut wherever lengths differ): the episodes equal one block's and encoding every turn again, and the
     sampled log-probs equal training's full forward per row."""
@@ -119,9 +105,7 @@ def test_new_tokens_run_in_blocks_of_similar_length_with_the_same_episodes(
     one = run(lambda lengths, **kw: [list(range(len(lengths)))])
     again = run(real, kv=False)
     record = record_turns(monkeypatch)
-    cut = run(
-        lambda lengths, **kw: blocks.append(len(real(lengths, overhead=0))) or real(lengths, overhead=0)
-    )
+    cut = run(lambda lengths, **kw: blocks.append(len(real(lengths, overhead=0))) or real(lengths, overhead=0))
     assert max(blocks) >= 2  # later turns really ran in several blocks
     for other in (one, again):
         assert [t.response_ids for t in cut.trajectories] == [t.response_ids for t in other.trajectories]
@@ -191,9 +175,7 @@ def test_the_lean_step_is_used_where_the_layout_is_known(tmp_path):
     lean_families = {
         f
         for f in FAMILIES
-        if lean.make_stepper(
-            Policy.from_pretrained(build_tiny_family(f, tmp_path / f.replace(".", "_"))).model
-        )
+        if lean.make_stepper(Policy.from_pretrained(build_tiny_family(f, tmp_path / f.replace(".", "_"))).model)
     }
     assert lean_families >= {"qwen2-vl", "qwen2.5-vl", "qwen3", "llama"}
     assert not lean_families & {"gemma3", "idefics3"}
@@ -280,16 +262,12 @@ def test_setting_finished_rows_aside_changes_no_episode(ragged_stops, monkeypatc
 
     runs, parked = [], []
     real = engine.set_aside
-    monkeypatch.setattr(
-        engine, "set_aside", lambda state, rows: parked.append(len(rows)) or real(state, rows)
-    )
+    monkeypatch.setattr(engine, "set_aside", lambda state, rows: parked.append(len(rows)) or real(state, rows))
     for park in (True, False):  # every row draws its random number each step, set aside or not
         monkeypatch.setattr(engine, "PARK", park)
         envs = [ZoomOnceEnv(with_image=True, turns_before_end=1 + i % 2) for i in range(16)]
         torch.manual_seed(3)
-        runs.append(
-            rollout(ragged_stops, envs, [11, 12, 13, 14], group_size=4, max_new_tokens=8, max_turns=3)
-        )
+        runs.append(rollout(ragged_stops, envs, [11, 12, 13, 14], group_size=4, max_new_tokens=8, max_turns=3))
     assert parked  # rows were set aside in the first run
     assert [t.response_ids for t in runs[0].trajectories] == [t.response_ids for t in runs[1].trajectories]
     assert max(t.turns for t in runs[0].trajectories) == 3

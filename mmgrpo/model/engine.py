@@ -31,17 +31,11 @@ from transformers.cache_utils import DynamicLayer
 
 from mmgrpo.model import lean, lean_prompt, system_prefix
 from mmgrpo.model import lean_pass as lean_pass_mod
+from mmgrpo.model import prefix as prefix_mod
 from mmgrpo.model.adapters import CausalLMAdapter, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.head import HiddenBlock, final_hidden, plain_head
-from mmgrpo.model.prefix import (
-    PLAIN_LAYERS,
-    SharedPrefix,
-    plain_again,
-    rows_of_cache,
-    select_rows,
-    selects_rows,
-)  # noqa: F401 (engine API)
+from mmgrpo.model.prefix import SharedPrefix, plain_again, rows_of_cache, select_rows, selects_rows  # noqa: F401 (engine API)
 
 LEAN_DECODE = True
 """Decode steps through ``mmgrpo.model.lean`` where the model's layout allows (False: always the model's
@@ -97,7 +91,7 @@ def repeat_cache(cache, G: int) -> bool:
     repeat = getattr(cache, "batch_repeat_interleave", None)
     layers = getattr(cache, "layers", None)
     # only layers of keys and values: a state-space or compressed layer may hold state it does not repeat
-    if repeat is None or not layers or any(type(x) not in (*PLAIN_LAYERS, _ReservedLayer) for x in layers):
+    if repeat is None or not layers or any(type(x) not in (*prefix_mod.PLAIN_LAYERS, _ReservedLayer) for x in layers):
         return False
     repeat(G)
     return True
@@ -250,12 +244,12 @@ def start(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: Vi
         return first.repeat_interleave(G, dim=0), DecodeState(cache, rows_mask, next_pos)
     # a cache that can neither select nor repeat its rows: encode each prompt G times
     first, cache, delta = prefill(model, adapter, ids, mask, vision, G, device)
-    return first, DecodeState(
-        cache, mask.repeat_interleave(G, dim=0).to(device), next_positions(mask, G, delta, device)
-    )
+    return first, DecodeState(cache, mask.repeat_interleave(G, dim=0).to(device), next_positions(mask, G, delta, device))
 
 
-def encode_heads(model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device):
+def encode_heads(
+    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device
+):
     """B prompts encoded once each (their common opening once for all: mmgrpo.model.system_prefix).
     Returns the next-token logits (B, V), the cache (B rows), each prompt's next position (B,) and the
     cache's mask (B, P')."""
@@ -292,12 +286,7 @@ def next_positions(mask: Tensor, G: int, delta: Tensor | None, device) -> Tensor
 
 
 def decode(
-    model,
-    adapter: CausalLMAdapter,
-    logits: Tensor,
-    state: DecodeState,
-    sampling: Sampling,
-    max_new_tokens: int,
+    model, adapter: CausalLMAdapter, logits: Tensor, state: DecodeState, sampling: Sampling, max_new_tokens: int
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """Sample up to ``max_new_tokens`` per row from ``logits`` (N, V) on, feeding each token to ``state``
     (its cache, mask and positions advance in place). A row stops at its first stop id; after it the row
@@ -334,23 +323,13 @@ def decode(
     for k in range(max_new_tokens):
         # every row draws its number, set aside or not: the samples never depend on who was set aside
         every = len(rows) == N  # no row set aside yet: the rows are 0..N-1 in order
-        u = (
-            None
-            if t <= 0
-            else torch.rand(N, 1, device=device)
-            if every
-            else torch.rand(N, 1, device=device)[rows]
-        )
+        u = None if t <= 0 else torch.rand(N, 1, device=device) if every else torch.rand(N, 1, device=device)[rows]
         nxt = sample_tokens(logits, t, sampling.top_p, sampling.top_k, adapter.suppress_ids, u)  # (n,)
         nxt = nxt.masked_fill(done, sampling.pad_token_id)  # (n,)
         if every:
             steps.append(nxt)  # (N,)
         else:
-            steps.append(
-                torch.full((N,), sampling.pad_token_id, dtype=nxt.dtype, device=device).index_copy(
-                    0, rows, nxt
-                )
-            )
+            steps.append(torch.full((N,), sampling.pad_token_id, dtype=nxt.dtype, device=device).index_copy(0, rows, nxt))
         if sampling.return_logprobs:
             scaled = logits.float() / (t if t > 0 else 1.0)  # (n, V)
             lp = torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)  # (n,)
@@ -368,9 +347,7 @@ def decode(
             rows, logits, nxt, real, done = rows[live], logits[live], nxt[live], real[live], done[live]
         state.mask = torch.cat([state.mask, real[:, None].to(state.mask.dtype)], dim=1)  # (n, L + 1)
         if lean_step is not None:
-            logits = lean_step(
-                nxt, state.next_pos, state.mask, state.cache, state.prefix, joined, table
-            )  # (n, V)
+            logits = lean_step(nxt, state.next_pos, state.mask, state.cache, state.prefix, joined, table)  # (n, V)
         else:
             pos = state.next_pos[:, None]  # (n, 1)
             logits = model(
@@ -562,9 +539,7 @@ def response_blocks_shared(
         full_mask = torch.cat([layout[g], rmask.to(device)], dim=1)  # (n, P' + t)
         kw = adapter.forward_kwargs(ids, full_mask, rv, device, model_dtype(model))
         pos, _ = adapter.block_positions(model, ids, rmask, rv, start[g])
-        kw.update(
-            position_ids=pos.to(device), use_cache=True, **{cache_kwarg(model): rows_of_cache(cache, g)}
-        )
+        kw.update(position_ids=pos.to(device), use_cache=True, **{cache_kwarg(model): rows_of_cache(cache, g)})
         if head is not None:  # (n, t, H): column j gives the logits of response token j + 1
             blocks.append(HiddenBlock(idx, final_hidden(model, head, **kw), 1, t - 1, head))
         else:  # (n, t, V): column j predicts response token j + 1
@@ -578,9 +553,7 @@ def _responses_on_repeated(model, adapter, batch, G, device) -> list[LogitBlock]
     T = batch.response_ids.shape[1]
     heads = list(range(0, N, G))
     pv = batch.vision.select([batch.row_prompts()[h] for h in heads])
-    first, cache, delta = prefill(
-        model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G, device
-    )
+    first, cache, delta = prefill(model, adapter, batch.prompt_ids[heads], batch.prompt_mask[heads], pv, G, device)
     start = next_positions(batch.prompt_mask[heads], G, delta, device)  # (N,)
     rv = batch.response_vision if batch.has_response_images else VisionInputs.none(N)
     full_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).to(device)  # (N, P + T)
@@ -588,10 +561,7 @@ def _responses_on_repeated(model, adapter, batch, G, device) -> list[LogitBlock]
     pos, _ = adapter.block_positions(model, batch.response_ids, batch.response_mask, rv, start)
     rest = model(**kw, position_ids=pos.to(device), **{cache_kwarg(model): cache}, use_cache=True).logits
     rows = torch.arange(N)
-    return [
-        LogitBlock(rows, first.unsqueeze(1), 0, 1),
-        LogitBlock(rows, rest, 1, T - 1),
-    ]  # (N, 1, V), (N, T, V)
+    return [LogitBlock(rows, first.unsqueeze(1), 0, 1), LogitBlock(rows, rest, 1, T - 1)]  # (N, 1, V), (N, T, V)
 
 
 def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> list[list[int]]:
@@ -612,9 +582,7 @@ def length_chunks(lengths: list[int], overhead: int = 512, most: int = 4) -> lis
     def cuts(end: int, k: int) -> list[int]:
         return [] if k == 0 else [*cuts(back[k - 1][end - 1], k - 1), end]
 
-    prev = torch.full(
-        (n + 1,), torch.inf, dtype=torch.float64
-    )  # (n + 1,) least cost of j rows in k - 1 passes
+    prev = torch.full((n + 1,), torch.inf, dtype=torch.float64)  # (n + 1,) least cost of j rows in k - 1 passes
     prev[0] = 0
     ends = []  # (cost, cuts) of all n rows in k passes
     for k in range(1, most + 1):

@@ -242,9 +242,7 @@ class Policy:
         if no_cache or holds_shards(self.model):  # FSDP shards, not gathered: the forward encodes
             return vision
         with self.evaluating(), self.autocast():
-            encoded = self.adapter.encode_images(
-                self.model, vision, self.device, engine.model_dtype(self.model)
-            )
+            encoded = self.adapter.encode_images(self.model, vision, self.device, engine.model_dtype(self.model))
         if encoded is None:
             return vision
         return VisionInputs(vision.seqs, vision.images_per_seq, encoded)
@@ -567,12 +565,7 @@ class Policy:
                 blocks = engine.response_blocks_full(model, self.adapter, batch, self.device, some)
             targets, where = batch.response_ids.to(self.device), scored.to(self.device) if some else None
             logp, ent = block_stats(
-                blocks,
-                targets,
-                temperature,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-                scored=where,
+                blocks, targets, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, scored=where
             )  # (N, T), (N, T) or None: the entropy of each step
             return (logp, ent) if with_entropy else logp
 
