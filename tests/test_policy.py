@@ -231,7 +231,9 @@ def test_on_the_cpu_mode_flips_do_not_rekernelize(tiny_model_dir, monkeypatch):
         plain = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
         walks.clear()
         plain.train(), plain.eval()
-        assert plain.use_kernels and len(walks) == 2
+        # on by default where kernels is a dependency of transformers (5.25.0); 5.20.0 loads with it off (nothing
+        # to guard against there), so the walks follow the flag at both ends of pyproject's range
+        assert len(walks) == (2 if plain.use_kernels else 0)
     policy = Policy.from_pretrained(tiny_model_dir)
     walks.clear()
     for _ in range(3):
