@@ -80,6 +80,9 @@ def small_config(model_type: str, vocab: int, ids: dict[str, int], extra: dict |
                     setattr(c, k, v)
         if getattr(c, "sliding_window", None) is not None:
             c.sliding_window = 4
+        kinds, layers = getattr(c, "layer_types", None), getattr(c, "num_hidden_layers", None)
+        if isinstance(kinds, list) and isinstance(layers, int) and len(kinds) > layers:
+            c.layer_types = kinds[:layers]  # one kind per layer kept (older transformers do not redo it)
         for v in list(vars(c).values()):
             if hasattr(v, "to_dict") and hasattr(v, "model_type"):
                 shrink(v, text)

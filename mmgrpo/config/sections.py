@@ -222,6 +222,11 @@ class GRPOConfig(Section):
     entropy_coef: float = 0.0
     """Entropy bonus: the loss subtracts this x the policy's mean token entropy (aggregated like the
     policy term). The entropy is reported as a metric either way."""
+    sampler_correction: Literal["tis", "off"] = "tis"
+    """Each token's sampler log-prob is kept, its gap to the training pass logged (mismatch/*); "tis" weighs each
+    token's policy term by min(p_train / p_sampler, sampler_cap) (TRL's vllm_importance_sampling_correction)."""
+    sampler_cap: float = 2.0
+    """The cap of the sampler-correction weight (mmgrpo.grpo.mismatch)."""
     reward_combination: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """Several verifiers: weighted sum of rewards, then group normalisation; or each reward normalised
     within its group, then the weighted sum (a small-scale reward then counts as much as a large one)."""
@@ -326,6 +331,7 @@ class GRPOConfig(Section):
         )
         self._require(self.kl_horizon >= 1, "kl_horizon", "must be >= 1")
         self._require(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
+        self._require(self.sampler_cap > 0, "sampler_cap", "must be > 0 (about 2)")
         self._require(
             self.overlong != "soft_penalty" or 0 < self.overlong_buffer <= self.max_new_tokens,
             "overlong_buffer",

@@ -51,6 +51,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from mmgrpo.grpo.mismatch import sampler_weights
+
 Aggregation = Literal["sequence", "token", "constant", "bnpo"]
 Importance = Literal["token", "sequence"]
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
@@ -259,6 +261,8 @@ class LossOutput:
     """Scalar, detached: mean importance ratio (1 at the first pass over fresh rollouts)."""
     entropy: Tensor = field(default_factory=lambda: torch.zeros(()))
     """Scalar, detached: mean token entropy over the policy tokens (0 when no entropy is given)."""
+    mismatch: dict[str, Tensor] | None = None
+    """With ``sampled_logp``: the sampler / trainer mismatch (``mmgrpo.grpo.mismatch``: kl, max_abs, capped)."""
 
 
 def grpo_loss(
@@ -281,6 +285,8 @@ def grpo_loss(
     num_micro_batches: int = 1,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
+    sampled_logp: Tensor | None = None,
+    sampler_cap: float | None = None,
 ) -> LossOutput:
     """Clipped GRPO surrogate with optional KL penalty and entropy bonus on one micro-batch.
 
@@ -296,6 +302,9 @@ def grpo_loss(
     entropy (N, T), e.g. :func:`token_entropy`, with grad for a bonus: the loss becomes
         loss - entropy_coef * (entropy aggregated like the policy term). Given with entropy_coef == 0 it is
         only reported (``LossOutput.entropy``) and the loss is unchanged.
+    sampled_logp (N, T): the sampler's log-probs of the tokens (NaN where none). The mismatch against the
+        trainer's old log-probs is measured (``LossOutput.mismatch``), and with ``sampler_cap`` each token's
+        policy-gradient term is weighted by min(p_old / p_sampler, cap) (see ``mmgrpo.grpo.mismatch``).
     """
     _check_args(
         logp,
@@ -313,6 +322,8 @@ def grpo_loss(
         entropy,
         entropy_coef,
     )
+    if sampled_logp is not None and sampled_logp.shape != logp.shape:
+        raise ValueError(f"sampled_logp must have the shape of logp {tuple(logp.shape)}, got {tuple(sampled_logp.shape)}.")
     m = mask.bool()  # (N, T) policy tokens
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)  # ()
     logp = torch.where(m, logp, zero)  # (N, T) garbage outside the mask is gone from here on
@@ -341,6 +352,11 @@ def grpo_loss(
     if dual_clip is not None:
         surrogate = torch.where(adv < 0, torch.max(surrogate, dual_clip * adv), surrogate)  # (N, T)
         clipped = clipped | ((adv < 0) & (ratio > dual_clip))  # (N, T)
+    mismatch = None
+    if sampled_logp is not None:  # tokens drawn from the sampler q, trained for p: weigh by min(p/q, cap)
+        weights, mismatch = sampler_weights(old, sampled_logp, m, sampler_cap or float("inf"))  # (N, T)
+        if sampler_cap is not None:
+            surrogate = surrogate * weights  # (N, T)
 
     # KL penalty to the frozen reference, in the loss (mmgrpo.grpo.kl_control puts it in the reward instead).
     if ref_logp is not None:
@@ -377,7 +393,9 @@ def grpo_loss(
         clip_frac = (clipped & m).sum().to(logp.dtype) / count  # ()
         ratio_mean = torch.where(m, ratio, zero).sum() / count  # ()
         entropy_mean = ent.detach().sum() / count  # () 0 when no entropy is given
-    return LossOutput(loss=loss, kl=kl_mean, clip_frac=clip_frac, ratio_mean=ratio_mean, entropy=entropy_mean)
+    return LossOutput(
+        loss=loss, kl=kl_mean, clip_frac=clip_frac, ratio_mean=ratio_mean, entropy=entropy_mean, mismatch=mismatch
+    )
 
 
 def _check_args(

@@ -150,6 +150,8 @@ class TokenBatch:
                   once, and ``Policy.logprobs`` encodes their prompt once.
     response_vision: per row, the images inside its response (a tool's crop or zoom, in order), or None
                   when no response holds an image. Each belongs to its row only.
+    sampled_logp: (N, T) float, the sampler's log-prob of each policy token as it was drawn (NaN on
+                  environment tokens and padding), or None when the sampler gave none.
     """
 
     prompt_ids: Tensor
@@ -160,6 +162,7 @@ class TokenBatch:
     vision: VisionInputs
     prompt_index: list[int] | None = None
     response_vision: VisionInputs | None = None
+    sampled_logp: Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -198,6 +201,7 @@ class TokenBatch:
             vision=self.vision.select(distinct),
             prompt_index=[slot[p] for p in owners],
             response_vision=self.response_vision.select(rows) if self.has_response_images else None,
+            sampled_logp=None if self.sampled_logp is None else self.sampled_logp[idx][:, :t_keep],
         )
 
     @staticmethod
@@ -230,6 +234,9 @@ class TokenBatch:
                 [b.response_vision if b.has_response_images else VisionInputs.none(len(b)) for b in parts]
             )
             if has_resp
+            else None,
+            sampled_logp=torch.cat([right(b.sampled_logp, float("nan")) for b in parts])
+            if all(b.sampled_logp is not None for b in parts)
             else None,
         )
 

@@ -77,6 +77,9 @@ class Trajectory:
     response_vision: VisionInputs = field(default_factory=lambda: VisionInputs(images_per_seq=[0]))
     seed: int | None = None  # the task seed the env was reset on
     env_metrics: dict[str, float] = field(default_factory=dict)  # the env's own, last value per name
+    sampled_logp: list[float] | None = field(default_factory=list)
+    """Per response token, the sampler's log-prob as it was drawn (NaN on env tokens); None when a turn came
+    from a sampler that gives none (a Policy subclass's own ``generate``)."""
 
     @property
     def num_policy_tokens(self) -> int:
@@ -222,11 +225,15 @@ def rollout(
     # a Policy subclass (or instance) that samples with its own generate: every turn goes through it
     own_sampler = getattr(policy.generate, "__func__", None) is not Policy.generate
     decoder = None
+    sampled: list[list[float]] | None = None  # the sampler's log-probs of each live row's latest turn
     if kv_across_turns and max_turns > 1 and supported(policy) and not own_sampler:
         decoder = TurnDecoder(policy, temperature=temperature, top_p=top_p, top_k=top_k)
+        decoder.keep_logprobs = True
         new_ids, finished = decoder.first(prompt_ids, prompt_mask, vision, G, max_new_tokens)
+        sampled = decoder.last_logprobs
     else:
-        new_ids, finished = policy.generate(
+        kw = {} if own_sampler else {"return_logprobs": True}
+        out = policy.generate(
             prompt_ids,
             prompt_mask,
             vision,
@@ -235,16 +242,22 @@ def rollout(
             top_p=top_p,
             top_k=top_k,
             num_samples=G,
+            **kw,
         )
+        new_ids, finished, sampled = out if kw else (*out, None)
     latest: dict[int, VisionInputs] = {}  # per live row, the images of its latest env turn
     live = list(range(N))
     while True:
         # the policy's turn: keep the sampled ids as they are
         texts = {}
-        for i, ids, done in zip(live, new_ids, finished, strict=True):
+        for k, (i, ids, done) in enumerate(zip(live, new_ids, finished, strict=True)):
             t = trajs[i]
             t.response_ids += ids
             t.loss_mask += [1] * len(ids)
+            if sampled is None or t.sampled_logp is None:
+                t.sampled_logp = None
+            else:
+                t.sampled_logp += sampled[k][: len(ids)]
             t.turns += 1
             texts[i] = policy.decode(ids)
             closed[i] = bool(ids) and ids[-1] == policy.end_of_turn_id
@@ -289,6 +302,8 @@ def rollout(
             t.messages += obs
             t.response_ids += ids
             t.loss_mask += [0] * len(ids)
+            if t.sampled_logp is not None:
+                t.sampled_logp += [float("nan")] * len(ids)
             if not new_vision.empty:
                 resp_images[i].append(new_vision)
             latest[i] = new_vision
@@ -300,6 +315,7 @@ def rollout(
             new_ids, finished = decoder.next(
                 live, [trajs[i].response_ids for i in live], [latest[i] for i in live], max(turn_budget)
             )
+            sampled = decoder.last_logprobs
             _cut_to_budgets(new_ids, finished, turn_budget)
             continue
         decoder = None  # re-encoded from here on: a kept cache would miss this turn
@@ -313,7 +329,8 @@ def rollout(
             vision.select([trajs[i].group for i in live]),
             VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
         )
-        new_ids, finished = policy.generate(
+        kw = {} if own_sampler else {"return_logprobs": True}
+        out = policy.generate(
             ids_k,
             mask_k,
             row_vision,
@@ -323,7 +340,9 @@ def rollout(
             top_k=top_k,
             num_samples=1,
             use_hf_generate=False,
+            **kw,
         )
+        new_ids, finished, sampled = out if kw else (*out, None)
         _cut_to_budgets(new_ids, finished, turn_budget)
 
     response_ids, response_mask = pad_right([t.response_ids for t in trajs], policy.pad_token_id)  # (N, T)
@@ -332,6 +351,11 @@ def rollout(
         t.response_vision = VisionInputs.one_sequence(resp_images[i])
     response_vision = VisionInputs.concat_rows([t.response_vision for t in trajs])
     idx = torch.as_tensor(rows)
+    sampled_logp = None  # (N, T) the sampler's log-probs, NaN off the policy tokens
+    if all(t.sampled_logp is not None for t in trajs):
+        sampled_logp = torch.full(response_ids.shape, float("nan"))
+        for i, t in enumerate(trajs):
+            sampled_logp[i, : len(t.sampled_logp)] = torch.tensor(t.sampled_logp, dtype=torch.float32)
     tokens = TokenBatch(  # the prompt's ids repeated per row; its pixels held once (prompt_index)
         prompt_ids[idx],
         prompt_mask[idx],
@@ -341,6 +365,7 @@ def rollout(
         vision,
         prompt_index=rows,
         response_vision=None if response_vision.empty else response_vision,
+        sampled_logp=sampled_logp,
     )
     return RolloutBatch(trajs, tokens, G, failed_tasks=failed)
 

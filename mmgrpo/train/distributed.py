@@ -39,8 +39,8 @@ FIRST_KEYS = frozenset(
     {"step", "grad_norm", "lr", "skipped", "group_size", "dynamic/rounds"}
 )  # the same on every process
 MAX_KEYS = frozenset(
-    {"rollout_time", "train_time", "step_time", "dynamic/gave_up"}
-)  # the step waits for the slowest
+    {"rollout_time", "train_time", "step_time", "dynamic/gave_up", "mismatch/max_abs"}
+)  # the step waits for the slowest; the largest sampler gap of any process
 
 
 def shard(items: list, rank: int, world: int) -> list:

@@ -166,6 +166,8 @@ def update(
                     num_micro_batches=n_means,
                     entropy=entropy,
                     entropy_coef=g.entropy_coef,
+                    sampled_logp=mb.sampled_logp,
+                    sampler_cap=g.sampler_cap if g.sampler_correction == "tis" else None,
                 )
                 # DDP averages gradients over the W processes; x W makes that the global-batch gradient
                 acc.backward((out.loss * world + idle) if world > 1 else out.loss)
@@ -174,6 +176,10 @@ def update(
             stats["loss"] += float(out.loss.detach()) / g.num_iterations
             for key in ("kl", "clip_frac", "ratio_mean", "entropy"):
                 stats[key] += float(getattr(out, key)) * share
+            for key, value in (out.mismatch or {}).items():  # the sampler's gap to this pass (max: over all)
+                name = f"mismatch/{key}"
+                v = float(value)
+                stats[name] = max(stats.get(name, 0.0), v) if key == "max_abs" else stats.get(name, 0.0) + v * share
         total = global_sum(acc, float(loss_sum))
         if not math.isfinite(total):
             return stats, (
