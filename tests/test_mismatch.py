@@ -131,3 +131,9 @@ def test_a_train_step_logs_the_mismatch_and_corrects_for_it(tiny_model_dir, tmp_
     assert 0 <= record["mismatch/max_abs"] < bound and record["mismatch/capped"] == 0.0
     if dtype == "bfloat16":
         assert record["mismatch/max_abs"] > 1e-5  # measured, not assumed away
+    from mmgrpo.model import lean_gate
+
+    verdicts = lean_gate.verdicts(
+        trainer.policy.model
+    )  # the fast paths were checked in this precision and kept
+    assert verdicts == {"decode step": True, "training pass": True, "prompt encoding": True}, verdicts

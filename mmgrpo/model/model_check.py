@@ -9,11 +9,13 @@ same tokens. State-space and hybrid models whose caches carry more than keys and
 MiniMax's linear attention, ...) can fail (3). A model that fails any of them is refused with one line
 naming what failed, before any training: never trained as a function it does not compute.
 
-The check runs on a few tokens (``lean_gate.Probe``), without a graph, autocast or dropout, and leaves the
-random state as it was.
+The check runs on a few tokens (``lean_gate.Probe``), without a graph or dropout, in the policy's autocast,
+and leaves the random state as it was.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -28,13 +30,14 @@ SAMPLED_TOKENS = 4
 """Tokens each probe row samples for check (3)."""
 
 
-def check(model, adapter) -> None:
-    """Raise ``ConfigError`` naming what failed when ``model`` is not one mmgrpo can train exactly."""
+def check(model, adapter, precision=None) -> None:
+    """Raise ``ConfigError`` naming what failed when ``model`` is not one mmgrpo can train exactly; under
+    ``precision`` (an autocast context: the one every forward of the policy runs in), or as the caller has it."""
     kind = getattr(lean_gate.bare(model).config, "model_type", type(model).__name__)
-    p = lean_gate.probe(model)
-    ids, P = p.ids, p.prompt  # (N, T)
-    tol = lean_gate.tolerance(model)
-    with lean_gate.quiet(model), torch.random.fork_rng(devices=[]):
+    with precision or contextlib.nullcontext(), lean_gate.quiet(model), torch.random.fork_rng(devices=[]):
+        p = lean_gate.probe(model)
+        ids, P = p.ids, p.prompt  # (N, T)
+        tol = lean_gate.tolerance(model)
         changed = ids.clone()
         changed[:, -1] = ids[:, 0]
         out = unwrap(model)(input_ids=changed, attention_mask=torch.ones_like(changed), use_cache=True)

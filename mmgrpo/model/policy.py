@@ -92,7 +92,7 @@ class Policy:
         tok = self.tokenizer
         self.adapter = adapter_for(model)
         self.adapter.speed_up(model)
-        model_check.check(model, self.adapter)  # causal, a cache, sampled = forward: else one clear line
+        model_check.check(model, self.adapter, self.autocast())  # causal, a cache, sampled = forward: else one line
         if self.device.type == "cpu":
             # grouped-query attention inside SDPA instead of copying every key/value head per query head
             # (transformers only does so without a mask by default): same numbers, 35% faster attention
