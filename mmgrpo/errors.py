@@ -41,6 +41,10 @@ class FaultError(MmgrpoError):
     """
 
 
+class EngineError(MmgrpoError, RuntimeError):
+    """The generation engine (vLLM in its own process) failed or exited; the run's saved state is kept."""
+
+
 class WarmStartError(MmgrpoError):
     """A warm start ended without the skill it was meant to teach (measured on held-out tasks), so GRPO
     from it could not succeed; the message names the skill, the measured rate and what to change."""

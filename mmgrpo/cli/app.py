@@ -22,6 +22,7 @@ from mmgrpo.cli.commands import (
     library_bars_off,
 )
 from mmgrpo.cli.demo import DEMO_CONFIGS, cmd_demo
+from mmgrpo.cli.vllm_env import cmd_vllm_env
 from mmgrpo.errors import MmgrpoError
 
 
@@ -109,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("list", help="registered environments and verifiers")
     sp.set_defaults(fn=cmd_list)
+
+    sp = sub.add_parser("vllm-env", help="make (once) or check the environment rollout.engine=vllm runs vLLM in")
+    sp.add_argument("--path", default=None, help="the venv folder (default: $MMGRPO_VLLM_VENV or ~/.cache/mmgrpo/vllm)")
+    sp.add_argument("--check", action="store_true", help="only check an existing one; make nothing")
+    sp.set_defaults(fn=cmd_vllm_env)
 
     sp = sub.add_parser("config-reference", help="every config key with its type, default and meaning")
     sp.add_argument("--markdown", action="store_true", help="as the markdown table of docs/config.md")

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from mmgrpo.config.rollout import RolloutConfig
 from mmgrpo.config.sections import (  # noqa: F401  (re-exported: the sections are public here)
     EnvConfig,
     EvalConfig,
@@ -49,6 +50,7 @@ __all__ = [
     "LoraConfig",
     "LoggingConfig",
     "FaultsConfig",
+    "RolloutConfig",
     "load_config",
     "config_from_dict",
     "config_to_dict",
@@ -82,6 +84,8 @@ class Config(Section):
     """Trackers and saved samples."""
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     """What a failing env, verifier or a non-finite number does to the run."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Which engine samples the episodes (mmgrpo's own, or vLLM in its own process)."""
 
     _aliases: ClassVar[dict[str, str]] = {
         "environment": "env",
@@ -96,6 +100,8 @@ class Config(Section):
             "must be between 0 and 2**31 - 1 (numpy takes seeds below 2**32; each process adds its rank)",
         )
         self._require(bool(self.output_dir), "output_dir", "must be a directory path")
+        if self.rollout.engine == "vllm" and self.model.lora is not None:
+            raise FieldError("rollout.engine", "is 'vllm' with model.lora set: not supported yet; merge the adapter first")
         names = [v.name for v in self.verifiers]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup is not None:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.model import engine, model_check
+from mmgrpo.model import engine, model_check, samplers
 from mmgrpo.model.adapters import adapter_for, holds_shards, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
@@ -78,6 +78,7 @@ class Policy:
         self.precision = precision
         """fp32, or bf16 / fp16: every forward runs under autocast to that dtype (weights stay as stored)."""
         self.reference = None
+        self.sampler = None  # an engine in another process that samples instead (mmgrpo.model.vllm_engine)
         self.reference_is_base = False
         """True with LoRA: the reference is this model with its adapter disabled, not a copy."""
         self._reference_vision_frozen = False
@@ -473,45 +474,33 @@ class Policy:
         repeated G times); ``use_hf_generate`` runs Hugging Face ``generate`` instead, for comparison only.
         """
         model = self.model
+        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, num_samples=num_samples)
+        if self.sampler is not None and not use_hf_generate:  # an engine in another process (rollout.engine)
+            return samplers.engine_generate(self, prompt_ids, prompt_mask, vision, **kw, return_logprobs=return_logprobs)
         with self.evaluating(), self.autocast():
-            if not use_hf_generate:
-                new_ids, logps = engine.generate(
-                    model,
-                    self.adapter,
-                    prompt_ids,
-                    prompt_mask,
-                    vision,
-                    G=num_samples,
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=top_k,
-                    stop_ids=self.stop_ids,
-                    pad_token_id=self.pad_token_id,
-                    device=self.device,
-                    return_logprobs=return_logprobs,
-                )
-                completions, finished = self._cut_at_stop(new_ids.tolist())
-                if return_logprobs:
-                    lps = [row[: len(c)] for row, c in zip(logps.tolist(), completions, strict=True)]
-                    return completions, finished, lps
-                return completions, finished
-            greedy = temperature <= 0
-            gen_kw: dict[str, Any] = dict(
+            if use_hf_generate:
+                return samplers.hf_generate(self, prompt_ids, prompt_mask, vision, **kw)
+            new_ids, logps = engine.generate(
+                model,
+                self.adapter,
+                prompt_ids,
+                prompt_mask,
+                vision,
+                G=num_samples,
                 max_new_tokens=max_new_tokens,
-                do_sample=not greedy,
-                eos_token_id=self.stop_ids,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                stop_ids=self.stop_ids,
                 pad_token_id=self.pad_token_id,
-                suppress_tokens=self.suppress_ids or None,
-                num_return_sequences=num_samples,
+                device=self.device,
+                return_logprobs=return_logprobs,
             )
-            if not greedy:
-                gen_kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
-            else:
-                gen_kw.update(temperature=None, top_p=None, top_k=None)
-            inputs = self._model_inputs(prompt_ids, prompt_mask, vision.without_encoded(), model)
-            out = model.generate(**inputs, **gen_kw)
-            return self._cut_at_stop(out[:, prompt_ids.shape[1] :].tolist())  # (N, <= max_new_tokens)
+            completions, finished = self._cut_at_stop(new_ids.tolist())
+            if return_logprobs:
+                lps = [row[: len(c)] for row, c in zip(logps.tolist(), completions, strict=True)]
+                return completions, finished, lps
+            return completions, finished
 
     def _cut_at_stop(self, new: list[list[int]]) -> tuple[list[list[int]], list[bool]]:
         """Each row up to and including its first stop token, and whether it had one."""

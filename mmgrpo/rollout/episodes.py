@@ -226,7 +226,8 @@ def rollout(
     own_sampler = getattr(policy.generate, "__func__", None) is not Policy.generate
     decoder = None
     sampled: list[list[float]] | None = None  # the sampler's log-probs of each live row's latest turn
-    if kv_across_turns and max_turns > 1 and supported(policy) and not own_sampler:
+    in_process = not own_sampler and getattr(policy, "sampler", None) is None  # no vLLM (rollout.engine)
+    if kv_across_turns and max_turns > 1 and supported(policy) and in_process:
         decoder = TurnDecoder(policy, temperature=temperature, top_p=top_p, top_k=top_k)
         decoder.keep_logprobs = True
         new_ids, finished = decoder.first(prompt_ids, prompt_mask, vision, G, max_new_tokens)

