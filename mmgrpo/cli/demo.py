@@ -125,6 +125,8 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
         flush=True,
     )
     processes = choose_processes(args.processes, str(trainer.policy.device))
+    if cfg.rollout.engine == "vllm" and args.processes == "auto":
+        processes = 1  # the vLLM engine's process takes the other core
     t_grpo = time.perf_counter()
     if processes > 1:
         # GRPO on every core: save the warm-started model, train it on N processes (data parallel), then

@@ -13,7 +13,7 @@ class RolloutConfig(Section):
     engine: Literal["mmgrpo", "vllm"] = "mmgrpo"
     """Who samples: mmgrpo's own decode loop in this process, or vLLM in its own process and Python
     environment (`mmgrpo vllm-env` makes it), the policy's weights pushed to it after every optimizer step.
-    vllm: text models only for now, no LoRA (docs/vllm.md)."""
+    vllm: text-only episodes for now, no LoRA (docs/vllm.md)."""
     vllm_python: str = ""
     """The python of the environment with vLLM; empty = the one `mmgrpo vllm-env` made ($MMGRPO_VLLM_VENV,
     else ~/.cache/mmgrpo/vllm)."""

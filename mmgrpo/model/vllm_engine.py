@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mmgrpo.errors import ConfigError, EngineError
@@ -62,6 +61,7 @@ class VLLMEngine:
         kv_bytes: int = 256 * 2**20,
         seed: int = 0,
         log_path: str | Path | None = None,
+        model=None,
     ) -> None:
         self.python = find_python(str(python) if python else None)
         self.log_path = (
@@ -79,6 +79,9 @@ class VLLMEngine:
             stderr=self._log,
             env=env,
         )
+        if model is not None:  # start from the weights in memory, in the layout vLLM loads
+            save_for_vllm(model, Path(self._weights.name))
+            model_path = self._weights.name
         started = self._ask(
             op="start",
             model=str(model_path),
@@ -143,7 +146,6 @@ class VLLMEngine:
     ) -> list[tuple[list[int], list[float]]]:
         """n samples of each prompt (row b*n + j: prompt b's sample j): their ids, up to and including the
         first stop id, and each sampled token's log-prob at ``temperature``. Greedy at temperature 0."""
-        seed = int(torch.randint(0, 2**31 - 1, ()))  # from the run's seed: same config, same samples
         answer = self._ask(
             op="generate",
             prompts=[list(map(int, p)) for p in prompts],
@@ -153,20 +155,14 @@ class VLLMEngine:
             top_p=float(top_p),
             top_k=int(top_k),
             stop_ids=[int(i) for i in stop_ids],
-            seed=seed,
         )
         return answer["rows"]
 
     def push(self, model) -> float:
         """Send ``model``'s current weights to the engine (caches reset); returns the seconds it took."""
         t = time.perf_counter()
-        bare = unwrap(model)
-        if hasattr(bare, "peft_config"):
-            raise ConfigError(
-                "rollout.engine=vllm with LoRA: not supported yet; merge the adapter or use engine mmgrpo."
-            )
         folder = Path(self._weights.name)
-        bare.save_pretrained(folder, safe_serialization=True)
+        save_for_vllm(model, folder)
         self._ask(op="update", path=str(folder))
         self.pushes, self.stale = self.pushes + 1, False
         return time.perf_counter() - t
@@ -191,6 +187,61 @@ class VLLMEngine:
                 self.proc.kill()
         except Exception:
             pass
+
+
+TEXT_VIEWS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+"""Vision-language families whose language model vLLM serves as a plain text model for text-only episodes:
+Qwen2-VL's and Qwen2.5-VL's are Qwen2 decoders whose M-RoPE, on text alone (the same position in its three
+sections), is Qwen2's rotary embedding (tests/test_vllm_engine.py checks the log-probs)."""
+TEXT_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "hidden_act",
+    "attention_dropout",
+)
+
+
+def save_for_vllm(model, folder: Path) -> None:
+    """``model``'s weights (and config) in ``folder`` as vLLM loads them: a causal LM as it is; a Qwen2-VL /
+    Qwen2.5-VL as its language model alone (``TEXT_VIEWS``), a Qwen2 config and renamed weights."""
+    from safetensors.torch import save_file
+
+    bare = unwrap(model)
+    if hasattr(bare, "peft_config"):
+        raise ConfigError(
+            "rollout.engine=vllm with LoRA: not supported yet; merge the adapter or use engine mmgrpo."
+        )
+    config = bare.config
+    if not hasattr(config, "vision_config"):
+        bare.save_pretrained(folder, safe_serialization=True)
+        return
+    text = config.get_text_config()
+    if text.model_type not in TEXT_VIEWS:
+        raise ConfigError(
+            f"rollout.engine=vllm with a {config.model_type} model: vLLM serves only the language model of "
+            f"{', '.join(sorted(TEXT_VIEWS))} here (text-only episodes); use rollout.engine=mmgrpo."
+        )
+    from transformers import Qwen2Config
+
+    rope = {
+        k: v for k, v in dict(getattr(text, "rope_parameters", None) or {}).items() if k != "mrope_section"
+    }
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    kwargs = {k: getattr(text, k) for k in TEXT_KEYS}
+    Qwen2Config(**kwargs, rope_parameters=rope or None, tie_word_embeddings=tied).save_pretrained(folder)
+    weights = {}
+    for name, tensor in bare.state_dict().items():
+        if name.startswith("model.language_model."):
+            weights["model." + name[len("model.language_model.") :]] = tensor.detach().float().contiguous()
+        elif name == "lm_head.weight" and not tied:
+            weights[name] = tensor.detach().float().contiguous()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def describe(python: Path) -> str:

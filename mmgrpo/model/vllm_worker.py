@@ -8,7 +8,7 @@ vLLM, torch and the standard library.
 Messages are pickled dicts, each framed by its length (8 bytes, big-endian); the client is the only peer.
     {"op": "start", "model": PATH, "dtype": "float32", "max_model_len": L, "kv_bytes": B, "seed": S}
     {"op": "generate", "prompts": [[ids]], "n": G, "max_tokens": K, "temperature": t, "top_p": p,
-     "top_k": k, "stop_ids": [...], "seed": S}      -> {"rows": [(ids, logprobs)] (prompt b's at b*G..)}
+     "top_k": k, "stop_ids": [...]}                 -> {"rows": [(ids, logprobs)] (prompt b's at b*G..)}
     {"op": "update", "path": FOLDER}                -> the weights reloaded in place, caches reset
     {"op": "close"}
 Every answer is {"ok": True, ...} or {"ok": False, "error": "Type: message"}.
@@ -81,7 +81,7 @@ class Worker:
 
         return {"seconds": time.perf_counter() - t, "version": vllm.__version__}
 
-    def generate(self, prompts, n, max_tokens, temperature, top_p, top_k, stop_ids, seed) -> dict:
+    def generate(self, prompts, n, max_tokens, temperature, top_p, top_k, stop_ids) -> dict:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -96,7 +96,8 @@ class Worker:
             stop_token_ids=list(stop_ids),
             ignore_eos=True,  # the stop ids are the client's: the tokenizer's eos is among them when it counts
             logprobs=0,  # the sampled token's own log-prob
-            seed=seed,
+            # no per-request seed: the CPU build's chunked prefill then rewinds a CPU generator, which it cannot
+            # ("CPU Generator does not use offset" kills the engine); the engine's seed makes runs repeatable
             skip_special_tokens=False,
             detokenize=False,
         )

@@ -16,6 +16,7 @@ import torch
 from mmgrpo.config.core import Config
 from mmgrpo.env import ChatEnv
 from mmgrpo.errors import ConfigError
+from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.io import LoraSpec, check_precision
 from mmgrpo.model.policy import Policy
 from mmgrpo.registry import make_env, make_verifier
@@ -101,7 +102,7 @@ def load_policy(cfg: Config, model_path: str | None = None, device: str | None =
     )
 
 
-def start_sampler(cfg: Config, out: Path, processes: int):
+def start_sampler(cfg: Config, out: Path, processes: int, model):
     """The engine ``rollout.engine`` names, its process started: None for mmgrpo's own decode loop."""
     r = cfg.rollout
     if r.engine != "vllm":
@@ -110,14 +111,19 @@ def start_sampler(cfg: Config, out: Path, processes: int):
         raise ConfigError("rollout.engine=vllm under several processes: not supported yet; run one process")
     from mmgrpo.model.vllm_engine import VLLMEngine
 
+    text = unwrap(model).config.get_text_config()
+
     return VLLMEngine(
         cfg.require_model(),
         python=r.vllm_python or None,
         dtype="float32" if cfg.model.dtype == "float32" else "bfloat16",
-        max_model_len=r.vllm_max_model_len,
+        max_model_len=min(
+            r.vllm_max_model_len, getattr(text, "max_position_embeddings", None) or r.vllm_max_model_len
+        ),
         kv_bytes=r.vllm_kv_mb * 2**20,
         seed=cfg.seed,
         log_path=out / "vllm.log",
+        model=model,  # started from the weights in memory (a resumed or warm-started run's too)
     )
 
 
