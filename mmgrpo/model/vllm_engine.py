@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import tempfile
@@ -78,6 +79,7 @@ class VLLMEngine:
             stdout=subprocess.PIPE,
             stderr=self._log,
             env=env,
+            start_new_session=True,  # its own process group: vLLM's engine and worker processes go with it
         )
         if model is not None:  # start from the weights in memory, in the layout vLLM loads
             save_for_vllm(model, Path(self._weights.name))
@@ -177,14 +179,22 @@ class VLLMEngine:
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=60)
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
+                pass
+        self._end_group()
         self._log.close()
         self._weights.cleanup()
 
+    def _end_group(self) -> None:
+        """Kill whatever is left of the engine's process group (its children outlive a killed worker)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
     def __del__(self) -> None:
         try:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            self._end_group()
         except Exception:
             pass
 

@@ -1,0 +1,155 @@
+"""Generation through vLLM against mmgrpo's own decode loop on this CPU, side by side, so users know which to pick.
+
+    python benchmarks/vllm_vs_mmgrpo.py generate            # tokens/s at a 0.1B-parameter Qwen2 shape
+    python benchmarks/vllm_vs_mmgrpo.py tools-step MODEL    # the tools demo's GRPO step, MODEL = a tools run's final/
+
+``generate``: a random-weight Qwen2 causal LM of about 0.1B parameters (hidden 768, 12 layers, 12 heads of 64,
+4 key/value heads, MLP 2048; the tiny tokenizer's 830 ids), 4 prompts of 64 tokens x G = 8 samples x 64 new
+tokens at temperature 1, no stop: mmgrpo's loop (``Policy.generate``) and vLLM's CPU build
+(``rollout.engine: vllm``, ``mmgrpo.model.vllm_engine``), each measured ``--rounds`` times, alternated; the
+medians' tokens per second and their ratio.
+
+``tools-step``: ``--steps`` GRPO steps of ``examples/tools_math_tiny.yaml`` on a model that has learnt the
+tools task (two-turn episodes), once per engine, alternated twice; the median step time, its rollout part, and
+the ratio. One trainer process and one thread for mmgrpo (OMP_NUM_THREADS=1); vLLM's engine process adds its
+own (VLLM_CPU_OMP_THREADS_BIND=nobind), so it has the machine's second core where mmgrpo has none: the figure
+is what a user of a 2-core machine gets, not a per-core comparison.
+
+Needs the vLLM environment (``mmgrpo vllm-env``). Prints one line per figure, ``vllm_vs_mmgrpo: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
+
+def build_0p1b(out: Path) -> Path:
+    """A random Qwen2 causal LM of about 0.1B parameters with the tiny text model's tokenizer."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from mmgrpo.tiny.text import build_tiny_text_model
+
+    tiny = build_tiny_text_model(out / "tiny")
+    tok = AutoTokenizer.from_pretrained(tiny)
+    base = Qwen2Config.from_pretrained(tiny)
+    config = Qwen2Config(
+        vocab_size=base.vocab_size,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=base.bos_token_id,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=base.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    path = out / "qwen2-0.1b"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    print(
+        f"vllm_vs_mmgrpo: model {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters",
+        flush=True,
+    )
+    return path
+
+
+def generate(rounds: int) -> None:
+    from mmgrpo.model.batch import VisionInputs
+    from mmgrpo.model.policy import Policy
+    from mmgrpo.model.vllm_engine import VLLMEngine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_0p1b(Path(tmp))
+        policy = Policy.from_pretrained(path)
+        policy.stop_ids = []  # every row runs the full length in both
+        engine = VLLMEngine(path, max_model_len=512, seed=0, model=policy.model)
+        B, G, P, T = 4, 8, 64, 64
+        ids = torch.randint(10, 800, (B, P))
+        mask = torch.ones_like(ids)
+        times = {"mmgrpo": [], "vllm": []}
+        for r in range(rounds + 1):  # the first round of each warms up
+            for name in ("mmgrpo", "vllm"):
+                policy.sampler = engine if name == "vllm" else None
+                t = time.perf_counter()
+                comps, _ = policy.generate(ids, mask, VisionInputs.none(B), max_new_tokens=T, num_samples=G)
+                dt = time.perf_counter() - t
+                assert sum(len(c) for c in comps) == B * G * T
+                if r:
+                    times[name].append(dt)
+        engine.close()
+    tps = {k: B * G * T / statistics.median(v) for k, v in times.items()}
+    print(
+        f"vllm_vs_mmgrpo: generate 0.1B B={B} G={G} prompt={P} new={T}: mmgrpo {tps['mmgrpo']:.0f} tok/s, "
+        f"vllm {tps['vllm']:.0f} tok/s, vllm/mmgrpo {tps['vllm'] / tps['mmgrpo']:.2f} (medians of {rounds})",
+        flush=True,
+    )
+
+
+def tools_step(model: str, steps: int) -> None:
+    from mmgrpo.config.core import load_config
+    from mmgrpo.train.trainer import Trainer
+
+    root = Path(__file__).resolve().parents[1]
+    results = {"mmgrpo": [], "vllm": []}
+    for _ in range(2):
+        for engine in ("mmgrpo", "vllm"):
+            with tempfile.TemporaryDirectory() as tmp:
+                sets = [
+                    f"model.path={model}",
+                    f"output_dir={tmp}/run",
+                    f"rollout.engine={engine}",
+                    "warm_start.steps=0",
+                    f"grpo.steps={steps}",
+                    "grpo.eval_every=0",
+                ]
+                trainer = Trainer(
+                    load_config(root / "examples" / "tools_math_tiny.yaml", sets), progress=False
+                )
+                for _ in range(steps):
+                    record = trainer.train_step()
+                    results[engine].append((record["step_time"], record["rollout_time"], record["reward"]))
+                if trainer.policy.sampler is not None:
+                    trainer.policy.sampler.close()
+    med = {
+        k: (statistics.median(s for s, _, _ in v), statistics.median(r for _, r, _ in v))
+        for k, v in results.items()
+    }
+    print(
+        f"vllm_vs_mmgrpo: tools GRPO step ({steps} steps x 2 runs each, 8 tasks x G=8, two-turn episodes): "
+        f"mmgrpo {med['mmgrpo'][0]:.2f} s (rollout {med['mmgrpo'][1]:.2f} s), "
+        f"vllm {med['vllm'][0]:.2f} s (rollout {med['vllm'][1]:.2f} s), vllm/mmgrpo {med['vllm'][0] / med['mmgrpo'][0]:.2f}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--rounds", type=int, default=3)
+    t = sub.add_parser("tools-step")
+    t.add_argument("model", help="a tools run's final model (e.g. runs/demo/run/final)")
+    t.add_argument("--steps", type=int, default=8)
+    args = p.parse_args()
+    if args.what == "generate":
+        generate(args.rounds)
+    else:
+        tools_step(args.model, args.steps)
+
+
+if __name__ == "__main__":
+    main()
