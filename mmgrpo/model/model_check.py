@@ -34,7 +34,14 @@ def check(model, adapter, precision=None) -> None:
     """Raise ``ConfigError`` naming what failed when ``model`` is not one mmgrpo can train exactly; under
     ``precision`` (an autocast context: the one every forward of the policy runs in), or as the caller has it."""
     kind = getattr(lean_gate.bare(model).config, "model_type", type(model).__name__)
-    with precision or contextlib.nullcontext(), lean_gate.quiet(model), torch.random.fork_rng(devices=[]):
+    device = next(unwrap(model).parameters()).device
+    # the probe's samples leave every random state as it was, the GPU's too
+    devices = [device] if device.type == "cuda" else []
+    with (
+        precision or contextlib.nullcontext(),
+        lean_gate.quiet(model),
+        torch.random.fork_rng(devices=devices),
+    ):
         p = lean_gate.probe(model)
         ids, P = p.ids, p.prompt  # (N, T)
         tol = lean_gate.tolerance(model)
