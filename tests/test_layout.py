@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# where each installed package's source lives (envs/ and verifiers/ install as mmgrpo.envs, mmgrpo.verifiers)
-SOURCES = {"mmgrpo": ROOT / "mmgrpo", "mmgrpo.envs": ROOT / "envs", "mmgrpo.verifiers": ROOT / "verifiers"}
+# where the installed package's source lives (the built-in envs and verifiers are inside it, so no top-level
+# folder of the repository shadows another package, e.g. Prime Intellect's ``verifiers``)
+SOURCES = {"mmgrpo": ROOT / "mmgrpo"}
 MAX_LINES = 600
 
 # the room of each module (by name prefix; the longest prefix wins) and the rooms each room may import
@@ -81,12 +82,6 @@ def module_files() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             name = ".".join([package, *parts])
-            if (
-                name.startswith("mmgrpo.")
-                and name.split(".")[1] in ("envs", "verifiers")
-                and folder == SOURCES["mmgrpo"]
-            ):
-                continue
             out[name] = path
     return out
 

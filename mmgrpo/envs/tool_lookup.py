@@ -1,7 +1,7 @@
 """A two-tool errand: "What do 23 of item 417 cost?" (registered env name ``tool_lookup``).
 
 The price is not in the question: the model must ``lookup`` the item, a call that goes over HTTP to a price
-service on 127.0.0.1 which this env starts (``envs/price_service.py``; the request goes through
+service on 127.0.0.1 which this env starts (``mmgrpo/envs/price_service.py``; the request goes through
 ``mmgrpo.toolbox.http``, with its URL checks and time limits), then call ``calculator`` on the price it read
 times the quantity, then answer. Two calls in sequence, each feeding the next. Some questions
 (``priced_prob``, default 0.3) also state the price ("... cost at 38 each?"); then the lookup is a wasted
