@@ -108,6 +108,60 @@ def test_five_bf16_steps(model_dir, tmp_path, lora):
         assert 0.4e9 < params < 0.7e9
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_five_bf16_steps_sampled_by_vllm(model_dir, tmp_path, lora):
+    """The same 5 steps with ``rollout.engine=vllm``: the engine (vLLM for CUDA, from ``mmgrpo vllm-env``) samples
+    counting prompts from the policy's image features, takes the weights after each step (merged for LoRA),
+    and its log-probs stay within bf16 rounding of the training pass. Reports tokens per second beside the
+    in-process engine's line above. Without a vLLM environment it is skipped (reported as not run)."""
+    from mmgrpo.model.vllm_engine import default_venv
+
+    if not (default_venv() / "bin" / "python").exists():
+        pytest.skip(f"no vLLM environment at {default_venv()}: run `mmgrpo vllm-env` first")
+    device = "cpu" if DRYRUN else "cuda"
+    sets = [
+        f"model.path={model_dir}",
+        f"output_dir={tmp_path}",
+        f"model.device={device}",
+        "model.dtype=bfloat16",
+        "rollout.engine=vllm",
+        "grpo.steps=5",
+        "grpo.tasks_per_step=8",
+        "grpo.group_size=8",
+        "grpo.max_new_tokens=32",
+        "grpo.micro_batch_size=64",
+        "warm_start.steps=0",
+        "verifiers=[{name: number_match}, {name: format}]",
+    ]
+    if lora:
+        sets.append("model.lora={r: 16, alpha: 32}")
+    trainer = Trainer(load_config(None, sets), progress=False)
+    gen_tokens, gen_time, gaps = 0.0, 0.0, []
+    try:
+        for _ in range(5):
+            record = trainer.train_step()
+            gen_tokens += record["completion_len"] * 64
+            gen_time += record["rollout_time"]
+            gaps.append(record["mismatch/max_abs"])
+        pushes = trainer.policy.sampler.pushes
+    finally:
+        trainer.policy.sampler.close()
+    report = {
+        "variant": ("lora" if lora else "full") + " via vllm",
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+        "gen_tokens_per_s": gen_tokens / gen_time,
+        "mismatch_max_abs": max(gaps),
+        "pushes": pushes,
+    }
+    line = "gpu: " + json.dumps(report)
+    print(line)
+    if path := os.environ.get("MMGRPO_GPU_REPORT"):
+        with open(path, "a") as f:
+            f.write(line + "\n")
+    assert pushes >= 5  # one after each of the 5 steps' updates (the first sampling's too)
+    assert max(gaps) < 0.5, gaps  # bf16 on both sides, different kernels: rounding, not another function
+
+
 def test_fsdp_through_accelerates_fsdp_config(warm_model_dir, tmp_path):
     """`accelerate launch --config_file examples/accelerate/fsdp.yaml` on every GPU of the machine (FSDP2
     through accelerate's plugin, bf16): 3 GRPO steps of the counting config on the tiny VLM, each process

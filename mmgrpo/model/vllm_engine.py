@@ -7,9 +7,11 @@ torch and transformers), started from ``mmgrpo/model/vllm_worker.py``; this side
 ``vllm``, so the rollout, the evaluation and the warm-start checks sample the same way; the sampled ids are
 the trained ids, and the sampler's log-probs are kept for the mismatch correction (mmgrpo.grpo.mismatch).
 
-What it does not do yet: images (vLLM's Qwen-VL path needs a CPU torchvision, which the registry does not
-hold), LoRA adapters (merge first), episodes that advance on their own (the rollout still asks for one turn
-of every live episode at a time). See docs/vllm.md.
+Images (Qwen2-VL, Qwen2.5-VL) go to the engine as the policy's own image features, each image's tokens cut to
+one placeholder that the engine expands from the image's grid: the samples are drawn from the features the
+training pass uses. A LoRA model's engine serves the merged weights (``merged_weights``). What it does not
+do yet: episodes that advance on their own (the rollout still asks for one turn of every live episode at a
+time). See docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mmgrpo.errors import ConfigError, EngineError
@@ -63,6 +66,7 @@ class VLLMEngine:
         seed: int = 0,
         log_path: str | Path | None = None,
         model=None,
+        processor=None,
     ) -> None:
         self.python = find_python(str(python) if python else None)
         self.log_path = (
@@ -82,8 +86,13 @@ class VLLMEngine:
             start_new_session=True,  # its own process group: vLLM's engine and worker processes go with it
         )
         if model is not None:  # start from the weights in memory, in the layout vLLM loads
-            save_for_vllm(model, Path(self._weights.name))
+            save_for_vllm(model, Path(self._weights.name), processor)
             model_path = self._weights.name
+            self.images = takes_images(unwrap(model).config)
+        else:
+            from transformers import AutoConfig
+
+            self.images = takes_images(AutoConfig.from_pretrained(model_path))
         started = self._ask(
             op="start",
             model=str(model_path),
@@ -91,6 +100,7 @@ class VLLMEngine:
             max_model_len=max_model_len,
             kv_bytes=kv_bytes,
             seed=seed,
+            images=self.images,
         )
         self.start_seconds, self.version = started["seconds"], started["version"]
         self.pushes = 0
@@ -145,9 +155,14 @@ class VLLMEngine:
         top_p: float,
         top_k: int,
         stop_ids: list[int],
+        images: list | None = None,
     ) -> list[tuple[list[int], list[float]]]:
         """n samples of each prompt (row b*n + j: prompt b's sample j): their ids, up to and including the
-        first stop id, and each sampled token's log-prob at ``temperature``. Greedy at temperature 0."""
+        first stop id, and each sampled token's log-prob at ``temperature``. Greedy at temperature 0.
+        ``images``: per prompt, None or its image features and grid (``image_inputs``), the prompt holding
+        one image token per image (``one_placeholder``)."""
+        if images is not None and not self.images:
+            raise ConfigError("rollout.engine=vllm: images sent to an engine started for a text-only model")
         answer = self._ask(
             op="generate",
             prompts=[list(map(int, p)) for p in prompts],
@@ -157,6 +172,7 @@ class VLLMEngine:
             top_p=float(top_p),
             top_k=int(top_k),
             stop_ids=[int(i) for i in stop_ids],
+            images=images,
         )
         return answer["rows"]
 
@@ -199,59 +215,96 @@ class VLLMEngine:
             pass
 
 
-TEXT_VIEWS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
-"""Vision-language families whose language model vLLM serves as a plain text model for text-only episodes:
-Qwen2-VL's and Qwen2.5-VL's are Qwen2 decoders whose M-RoPE, on text alone (the same position in its three
-sections), is Qwen2's rotary embedding (tests/test_vllm_engine.py checks the log-probs)."""
-TEXT_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "vocab_size",
-    "rms_norm_eps",
-    "max_position_embeddings",
-    "hidden_act",
-    "attention_dropout",
-)
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+"""Vision-language families vLLM serves here with the trainer's image features (``image_embeds`` with their
+``image_grid_thw``): the features the training pass uses are the ones the samples are drawn from."""
 
 
-def save_for_vllm(model, folder: Path) -> None:
-    """``model``'s weights (and config) in ``folder`` as vLLM loads them: a causal LM as it is; a Qwen2-VL /
-    Qwen2.5-VL as its language model alone (``TEXT_VIEWS``), a Qwen2 config and renamed weights."""
-    from safetensors.torch import save_file
-
-    bare = unwrap(model)
-    if hasattr(bare, "peft_config"):
-        raise ConfigError(
-            "rollout.engine=vllm with LoRA: not supported yet; merge the adapter or use engine mmgrpo."
-        )
-    config = bare.config
+def takes_images(config) -> bool:
+    """Whether ``config`` (a model's config) is a vision-language model (refused unless in VISION_FAMILIES)."""
     if not hasattr(config, "vision_config"):
-        bare.save_pretrained(folder, safe_serialization=True)
-        return
-    text = config.get_text_config()
-    if text.model_type not in TEXT_VIEWS:
+        return False
+    if config.model_type not in VISION_FAMILIES:
         raise ConfigError(
-            f"rollout.engine=vllm with a {config.model_type} model: vLLM serves only the language model of "
-            f"{', '.join(sorted(TEXT_VIEWS))} here (text-only episodes); use rollout.engine=mmgrpo."
+            f"rollout.engine=vllm with a {config.model_type} model: vLLM serves the vision-language families "
+            f"{', '.join(VISION_FAMILIES)} here; use rollout.engine=mmgrpo."
         )
-    from transformers import Qwen2Config
+    return True
 
-    rope = {
-        k: v for k, v in dict(getattr(text, "rope_parameters", None) or {}).items() if k != "mrope_section"
-    }
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    kwargs = {k: getattr(text, k) for k in TEXT_KEYS}
-    Qwen2Config(**kwargs, rope_parameters=rope or None, tie_word_embeddings=tied).save_pretrained(folder)
-    weights = {}
-    for name, tensor in bare.state_dict().items():
-        if name.startswith("model.language_model."):
-            weights["model." + name[len("model.language_model.") :]] = tensor.detach().float().contiguous()
-        elif name == "lm_head.weight" and not tied:
-            weights[name] = tensor.detach().float().contiguous()
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+def save_for_vllm(model, folder: Path, processor=None) -> None:
+    """``model``'s weights and config in ``folder`` as vLLM loads them (safetensors); with ``processor``, its
+    tokenizer and processor files too (a vision-language model's engine loads them)."""
+    bare = unwrap(model)
+    if hasattr(bare, "peft_config"):  # LoRA: the engine serves the merged weights, the model stays as it is
+        base = bare.get_base_model()
+        takes_images(base.config)
+        base.save_pretrained(folder, safe_serialization=True, state_dict=merged_weights(base))
+    else:
+        takes_images(bare.config)
+        bare.save_pretrained(folder, safe_serialization=True)
+    if processor is not None and not (folder / "tokenizer_config.json").exists():
+        processor.save_pretrained(folder)
+
+
+@torch.no_grad()
+def merged_weights(base) -> dict[str, torch.Tensor]:
+    """A LoRA model's weights with every active adapter folded in (W + B A * scale, per layer), under the base
+    model's own names: what ``merge_and_unload`` would save, computed aside (the trained model is neither
+    copied nor merged and unmerged in place, which would drift it by rounding at every push)."""
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
+            continue
+        for adapter in module.active_adapters:
+            if adapter in getattr(module, "lora_A", {}) and adapter not in module.merged_adapters:
+                delta = module.get_delta_weight(adapter)
+                deltas[name] = deltas[name] + delta if name in deltas else delta
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        state[key.replace(".base_layer.", ".")] = tensor
+    for name, delta in deltas.items():
+        key = name + ".weight"
+        state[key] = state[key] + delta.to(state[key].dtype)
+    return state
+
+
+def image_inputs(policy, vision, rows: int) -> list | None:
+    """Per prompt row, its images as the engine takes them: (features (tokens, hidden) float32, grid
+    (images, 3) int64) numpy arrays from the policy's own vision tower, None for a row without images; None
+    when no row has any. The features are the policy's ``encode_images`` (computed once, no graph)."""
+    if vision.empty:
+        return None
+    encoded = policy.encode_images(vision, force=True)
+    if not encoded.has_encoded:
+        raise ConfigError(
+            "rollout.engine=vllm: this model's image features cannot be computed apart from its forward "
+            "(FSDP shards or a video); use rollout.engine=mmgrpo."
+        )
+    out = []
+    for seq, feats in zip(encoded.seqs, encoded.encoded, strict=True):
+        if not seq:
+            out.append(None)
+            continue
+        pooled = getattr(feats, "pooler_output", feats)
+        pooled = torch.cat(list(pooled)) if isinstance(pooled, (list, tuple)) else pooled
+        grid = seq["image_grid_thw"]
+        out.append((pooled.detach().float().cpu().numpy(), grid.detach().long().cpu().numpy()))
+    if len(out) != rows:
+        raise ValueError(f"{len(out)} image rows for {rows} prompts")
+    return out
+
+
+def one_placeholder(ids: list[int], image_token_id: int) -> list[int]:
+    """``ids`` with each run of image tokens cut to one: the engine expands it again from the image's grid."""
+    out: list[int] = []
+    for t in ids:
+        if t == image_token_id and out and out[-1] == image_token_id:
+            continue
+        out.append(t)
+    return out
 
 
 def describe(python: Path) -> str:

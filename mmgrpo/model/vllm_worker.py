@@ -6,9 +6,11 @@ own worker processes import ``vllm_worker.HeadRefresh`` from it by name). It imp
 vLLM, torch and the standard library.
 
 Messages are pickled dicts, each framed by its length (8 bytes, big-endian); the client is the only peer.
-    {"op": "start", "model": PATH, "dtype": "float32", "max_model_len": L, "kv_bytes": B, "seed": S}
+    {"op": "start", "model": PATH, "dtype": "float32", "max_model_len": L, "kv_bytes": B, "seed": S,
+     "images": bool}                                  (a vision-language model that takes image features)
     {"op": "generate", "prompts": [[ids]], "n": G, "max_tokens": K, "temperature": t, "top_p": p,
-     "top_k": k, "stop_ids": [...]}                 -> {"rows": [(ids, logprobs)] (prompt b's at b*G..)}
+     "top_k": k, "stop_ids": [...], "images": [None | (features, grid)]}
+                                                    -> {"rows": [(ids, logprobs)] (prompt b's at b*G..)}
     {"op": "update", "path": FOLDER}                -> the weights reloaded in place, caches reset
     {"op": "close"}
 Every answer is {"ok": True, ...} or {"ok": False, "error": "Type: message"}.
@@ -36,7 +38,10 @@ class HeadRefresh:
 
     def refresh_lm_head(self) -> bool:
         """Re-pack the LM head's weight after a reload (a tied head is never reloaded on its own)."""
-        head = self.model_runner.get_model().lm_head
+        model = self.model_runner.get_model()
+        head = getattr(model, "lm_head", None) or getattr(
+            getattr(model, "language_model", None), "lm_head", None
+        )
         method = getattr(head, "quant_method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(head)
@@ -61,11 +66,15 @@ def write(stream, message) -> None:
 class Worker:
     def __init__(self) -> None:
         self.llm = None
+        self.images = False
 
-    def start(self, model: str, dtype: str, max_model_len: int, kv_bytes: int, seed: int) -> dict:
+    def start(
+        self, model: str, dtype: str, max_model_len: int, kv_bytes: int, seed: int, images: bool = False
+    ) -> dict:
         from vllm import LLM
 
         t = time.perf_counter()
+        self.images = images
         self.llm = LLM(
             model=model,
             dtype=dtype,
@@ -74,19 +83,27 @@ class Worker:
             kv_cache_memory_bytes=kv_bytes,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
-            skip_tokenizer_init=True,  # ids in, ids out: the trainer's tokenizer is the only one
+            # ids in, ids out: the trainer's tokenizer is the only one. A vision-language model's multimodal
+            # processor needs the tokenizer loaded (it never encodes text here: prompts arrive as ids)
+            skip_tokenizer_init=not images,
+            # images arrive as the trainer's own image features (its vision tower's output): no pixels here
+            enable_mm_embeds=images or None,
             worker_extension_cls="vllm_worker.HeadRefresh",
         )
         import vllm
 
         return {"seconds": time.perf_counter() - t, "version": vllm.__version__}
 
-    def generate(self, prompts, n, max_tokens, temperature, top_p, top_k, stop_ids) -> dict:
+    def generate(self, prompts, n, max_tokens, temperature, top_p, top_k, stop_ids, images=None) -> dict:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
+        images = images or [None] * len(prompts)
         if temperature <= 0 and n > 1:  # greedy takes one sample per request: the prompt n times instead
-            prompts, n = [p for p in prompts for _ in range(n)], 1
+            prompts, images, n = (
+                [p for p in prompts for _ in range(n)],
+                [i for i in images for _ in range(n)],
+                1,
+            )
         params = SamplingParams(
             n=n,
             max_tokens=max_tokens,
@@ -101,7 +118,9 @@ class Worker:
             skip_special_tokens=False,
             detokenize=False,
         )
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate(
+            [_prompt(p, i) for p, i in zip(prompts, images, strict=True)], params, use_tqdm=False
+        )
         rows = []
         for out in outs:
             for o in sorted(out.outputs, key=lambda o: o.index):
@@ -114,7 +133,26 @@ class Worker:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         self.llm.collective_rpc("refresh_lm_head")
         self.llm.reset_prefix_cache()
+        if self.images:  # the scheduler and the runner forget cached image inputs together, or the runner
+            # misses one the scheduler believes it holds ("Encoder cache miss" ends the engine)
+            self.llm.reset_mm_cache()
+            self.llm.llm_engine.reset_encoder_cache()
         return {"seconds": time.perf_counter() - t}
+
+
+def _prompt(ids, images):
+    """A prompt of token ids; with ``images`` = (features (tokens, hidden) float32, grid (images, 3) int64) as
+    numpy arrays, one image placeholder token per image in ``ids`` (vLLM expands each to its features)."""
+    from vllm.inputs import TokensPrompt
+
+    if images is None:
+        return TokensPrompt(prompt_token_ids=ids)
+    import torch
+
+    embeds, grid = (torch.from_numpy(a) for a in images)
+    return TokensPrompt(
+        prompt_token_ids=ids, multi_modal_data={"image": {"image_embeds": embeds, "image_grid_thw": grid}}
+    )
 
 
 def main() -> None:

@@ -102,7 +102,7 @@ def load_policy(cfg: Config, model_path: str | None = None, device: str | None =
     )
 
 
-def start_sampler(cfg: Config, out: Path, processes: int, model):
+def start_sampler(cfg: Config, out: Path, processes: int, model, processor=None):
     """The engine ``rollout.engine`` names, its process started: None for mmgrpo's own decode loop."""
     r = cfg.rollout
     if r.engine != "vllm":
@@ -124,6 +124,7 @@ def start_sampler(cfg: Config, out: Path, processes: int, model):
         seed=cfg.seed,
         log_path=out / "vllm.log",
         model=model,  # started from the weights in memory (a resumed or warm-started run's too)
+        processor=processor,  # a vision-language engine loads the tokenizer and processor with the weights
     )
 
 

@@ -97,7 +97,9 @@ class Trainer:
         self.sharded = fsdp_setup.wanted(cfg, self.accelerator)  # FSDP2: checked before the model loads
         self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
         # rollout.engine=vllm: sampling in a vLLM process, weights pushed after optimizer steps
-        self.policy.sampler = start_sampler(cfg, self.out, self.accelerator.num_processes, self.policy.model) or self.policy.sampler
+        self.policy.sampler = start_sampler(
+            cfg, self.out, self.accelerator.num_processes, self.policy.model, self.policy.processor
+        ) or self.policy.sampler
         self.skill_check = None  # the warm start's skill check (mmgrpo.train.warm_check), once it ran
         self.warm_start_steps = 0  # the warm start's steps, fewer than warm_start.steps when it stopped early
         if cfg.model.freeze_vision:
