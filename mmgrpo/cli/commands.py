@@ -368,6 +368,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("  answers given (the true answer: the model's answers, most given first):")
         for line in answer_table_lines(result.answers):
             print(f"    {line}")
+    print(f"score: {result.score:.3f} (mean of {result.metric})")
+    print(f"success: {result.success:.3f} ({result.success_rule})")
     accuracy = f"accuracy: {result.accuracy:.3f} (n={result.n})"  # the last line, whatever happens next
     # next to the model; a hub id has no folder here, so the run directory takes it
     where = args.model if Path(args.model).is_dir() else cfg.output_dir

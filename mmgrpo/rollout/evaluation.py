@@ -1,14 +1,20 @@
 """Held-out evaluation: greedy episodes on the eval split, scored by the verifiers.
 
 Eval seeds ``seed_offset .. seed_offset + n - 1`` on the env's ``eval`` split, which every built-in env maps
-to scenes disjoint from the training split. Accuracy is the mean of one verifier's score (``eval.metric``,
-by default the first verifier of the config), counted as correct when that score is >= 0.5.
+to scenes disjoint from the training split. One verifier is the metric (``eval.metric``, by default the
+first verifier of the config): the result holds its mean ``score`` and the ``success`` rate under a rule
+that the env or the verifier states (``mmgrpo.rollout.success``; a score >= 0.5 when neither does), with the
+rule written out in ``success_rule``. ``accuracy`` and ``correct`` are kept for older readers: the success
+rate and the number of successes.
+
+Every env an evaluation makes is closed when it ends, also on an error or Ctrl-C.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -16,16 +22,26 @@ from mmgrpo.env import ChatEnv
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.answers import answer_table
 from mmgrpo.rollout.episodes import Trajectory, episode_metrics, rollout
+from mmgrpo.rollout.success import SuccessRule, choose_rule, env_rule, successes, verifier_rule
 from mmgrpo.verifier import Rewards
 
 
 @dataclass
 class EvalResult:
     accuracy: float
+    """The success rate (``success``), under this name for older readers."""
     n: int
     metric: str
     correct: int = 0
-    """Episodes whose metric score is >= 0.5 (accuracy = correct / n)."""
+    """Episodes that succeeded under ``success_rule`` (accuracy = success = correct / n)."""
+    score: float | None = None
+    """The metric verifier's mean score (None in results made by hand without it)."""
+    success: float | None = None
+    """The share of episodes that succeeded under ``success_rule`` (equal to ``accuracy``)."""
+    success_rule: str = "score >= 0.5, the default"
+    """What a success is, and who said so: ``env: ...``, ``verifier: ...`` or the default threshold."""
+    success_source: str = "default"
+    """Who defined success: ``env``, ``verifier`` or ``default`` (mmgrpo.rollout.success.SOURCES)."""
     per_verifier: dict[str, float] = field(default_factory=dict)
     format_failures: int = 0
     samples: list[dict] = field(default_factory=list)
@@ -59,18 +75,53 @@ def evaluate(
     progress: bool = False,
     seeds: list[int] | None = None,
 ) -> EvalResult:
-    """Accuracy of ``policy`` on ``episodes`` held-out tasks (one greedy episode per task): seeds
-    ``seed_offset .. seed_offset + episodes - 1``, or the given ``seeds`` (one process's share of them)."""
+    """Mean score and success rate of ``policy`` on ``episodes`` held-out tasks (one greedy episode per
+    task): seeds ``seed_offset .. seed_offset + episodes - 1``, or the given ``seeds`` (one process's share
+    of them). The envs it makes are closed before it returns or raises."""
+    envs: list[ChatEnv] = []
+    try:
+        envs.append(make_env())  # the first env also tells how many distinct eval tasks there are
+        if seeds is None:
+            episodes = distinct_episodes(lambda: envs[0], episodes, warn=True)
+        all_seeds = list(seeds) if seeds is not None else list(range(seed_offset, seed_offset + episodes))
+        if not all_seeds:
+            raise ValueError("evaluate: no episodes to run (episodes=0 or an empty seeds list)")
+        envs += [make_env() for _ in range(min(batch_size, len(all_seeds)) - 1)]
+        return _evaluate(
+            policy,
+            envs,
+            rewards,
+            all_seeds,
+            metric=metric,
+            batch_size=batch_size,
+            progress=progress,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            max_episode_tokens=max_episode_tokens,
+        )
+    finally:
+        close_envs(envs)
+
+
+def _evaluate(
+    policy: Policy,
+    envs: list[ChatEnv],
+    rewards: Rewards,
+    all_seeds: list[int],
+    *,
+    metric: str,
+    batch_size: int,
+    progress: bool,
+    max_turns: int,
+    **sampling,
+) -> EvalResult:
+    """``evaluate`` on envs already made (the caller closes them)."""
     from tqdm.auto import tqdm
 
-    if seeds is None:
-        episodes = distinct_episodes(make_env, episodes, warn=True)
-    all_seeds = list(seeds) if seeds is not None else list(range(seed_offset, seed_offset + episodes))
     episodes = len(all_seeds)
-    if episodes == 0:
-        raise ValueError("evaluate: no episodes to run (episodes=0 or an empty seeds list)")
-    envs = [make_env() for _ in range(min(batch_size, episodes))]
-    correct, scores, samples = 0, {v.name: 0.0 for v in rewards.verifiers}, []
+    scores, samples = {v.name: 0.0 for v in rewards.verifiers}, []
+    metric_scores: list[float] = []
     trajectories: list[Trajectory] = []
     bar = tqdm(total=episodes, desc="eval", unit="ep", disable=not progress, leave=False)
     for start in range(0, episodes, batch_size):
@@ -81,15 +132,13 @@ def evaluate(
             seeds,
             group_size=1,
             split="eval",
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
             max_turns=max_turns,
-            max_episode_tokens=max_episode_tokens,
+            **sampling,
         )
         trajectories += batch.trajectories
         breakdown = rewards.score(batch.episodes)
         values = breakdown.per_verifier[metric]  # (n,)
-        correct += int((values >= 0.5).sum())
+        metric_scores += values.tolist()
         for name, v in breakdown.per_verifier.items():
             scores[name] += float(v.sum())
         for t, v in zip(batch.trajectories, values.tolist(), strict=True):
@@ -104,11 +153,21 @@ def evaluate(
                 )
         bar.update(len(seeds))
     bar.close()
+    rule = eval_success_rule(envs[0], rewards, metric, trajectories)
+    env_success = [None if t.env_error else t.env_metrics.get("success") for t in trajectories]
+    succeeded = successes(rule, metric_scores, env_success)
+    for sample, ok in zip(samples, succeeded, strict=False):
+        sample["success"] = ok
+    correct = sum(succeeded)
     return EvalResult(
         accuracy=correct / episodes,
         n=episodes,
         metric=metric,
         correct=correct,
+        score=sum(metric_scores) / episodes,
+        success=correct / episodes,
+        success_rule=rule.describe(),
+        success_source=rule.source,
         per_verifier={k: v / episodes for k, v in scores.items()},
         samples=samples,
         episode_metrics=episode_metrics(trajectories) if max_turns > 1 else {},
@@ -117,12 +176,40 @@ def evaluate(
     )
 
 
+def eval_success_rule(
+    env: ChatEnv, rewards: Rewards, metric: str, trajectories: list[Trajectory]
+) -> SuccessRule:
+    """The success rule of an evaluation: the env's, else the metric verifier's, else the default
+    (``mmgrpo.rollout.success``)."""
+    verifier = next((v for v in rewards.verifiers if v.name == metric), None)
+    return choose_rule(
+        env_rule(env),
+        any("success" in t.env_metrics for t in trajectories),
+        verifier_rule(verifier.fn, metric) if verifier is not None else None,
+    )
+
+
+def close_envs(envs: Iterable[object]) -> None:
+    """Call ``close()`` on each env; one that raises is reported on stderr and the others still close
+    (a close must not hide the error or Ctrl-C that ended the evaluation)."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception as exc:  # noqa: BLE001 - reported, and the remaining envs still close
+            print(
+                f"mmgrpo: eval: closing {type(env).__name__} raised {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def distinct_episodes(make_env: Callable[[], ChatEnv], episodes: int, *, warn: bool = False) -> int:
     """``episodes``, or fewer when the env's eval split holds fewer distinct tasks (a dataset's held-out
     rows): n consecutive seeds play n distinct tasks, more would repeat them and report an n the tasks do
     not support. ``warn`` prints one line when it cuts."""
-    import sys
-
     num_tasks = getattr(make_env(), "num_tasks", None)  # envs not derived from ChatEnv may lack it
     distinct = num_tasks("eval") if num_tasks is not None else None
     if distinct is None or episodes <= distinct:
