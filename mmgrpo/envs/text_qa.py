@@ -10,7 +10,7 @@ row's other fields and ``source`` (the row's ``file:line`` or ``file:row N``).
 
 from __future__ import annotations
 
-from mmgrpo.envs.vqa import DEFAULT_TEMPLATE, QADatasetEnv
+from mmgrpo.envs.vqa import QADatasetEnv
 
 DEFAULT_SYSTEM_PROMPT = (
     "Answer the question. Give your final answer inside <answer></answer>, e.g. <answer>Paris</answer>."
@@ -27,9 +27,12 @@ class TextQAEnv(QADatasetEnv):
         eval_fraction: without ``eval_path``, the share of rows held out for eval, chosen by a hash of each
             row's content (default 0.1; 0 = no eval split).
         question_field, answer_field: the fields holding the question and the answer (``answer_field=None``:
-            rows need no answer, for tasks scored from other fields).
+            rows need no answer, for tasks scored from other fields; another answer field, e.g. TRL's
+            ``solution``, is in the info under its name too). ``question_field=None``: ``question``, else
+            ``prompt`` (TRL's column: text, or chat messages used as the prompt).
         system_prompt: the system message (None: no system message).
-        prompt_template: the user text, ``str.format`` ed with the row's fields (default ``"{question}"``).
+        prompt_template: the user text, ``str.format`` ed with the row's fields (default
+            ``"{<question_field>}"``).
         limit: read at most this many rows of each file.
 
     ``reset`` info: ``answer`` (str or list of str), the row's other fields, ``source``, ``seed``, ``split``.
@@ -43,10 +46,10 @@ class TextQAEnv(QADatasetEnv):
         path: str,
         eval_path: str | None = None,
         eval_fraction: float | None = None,
-        question_field: str = "question",
+        question_field: str | None = None,
         answer_field: str | None = "answer",
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        prompt_template: str = DEFAULT_TEMPLATE,
+        prompt_template: str | None = None,
         limit: int | None = None,
     ) -> None:
         self._setup(

@@ -15,7 +15,10 @@ duplicate rows land in the same split. ``reset(seed, options={"split": s})`` pos
 
 The prompt: an optional system message and one user message holding the images then the text
 ``prompt_template.format(**row)``. When that text contains ``<image>`` placeholders (one per image), the
-images go at those places instead. ``TextQAEnv`` (``text_qa``) is the same without images.
+images go at those places instead. TRL's prompt-only formats are read as they are: without a ``question``
+column the ``prompt`` column is the question; a ``prompt`` holding chat messages (TRL's conversational
+format) is the prompt itself, its ``{"type": "image"}`` placeholders filled with the row's images in order
+(``mmgrpo.data.conversation``). ``TextQAEnv`` (``text_qa``) is the same without images.
 
 Reset info: ``answer`` (a str, or a list of str when the row lists accepted answers; numbers written as text,
 ``3.0`` as ``"3"``), every other row field except the image field (a field named like one of the keys the env
@@ -33,9 +36,6 @@ pixels of its resized input, so a grounding verifier scales a row's boxes (in or
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import math
 import os
 import string
 from collections import OrderedDict
@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
+from mmgrpo.data.conversation import conversation_messages, conversation_problems, is_conversation
 from mmgrpo.data.records import (
     Record,
     check_records,
@@ -55,6 +56,7 @@ from mmgrpo.data.records import (
     open_image,
     read_records,
 )
+from mmgrpo.data.rows import answer_value, row_unit, split_rows  # noqa: F401  (importable from here too)
 from mmgrpo.env import SingleTurnEnv, Task, image_part, system, text_part, user
 from mmgrpo.errors import ConfigError, DataError, EnvError, did_you_mean
 
@@ -63,6 +65,9 @@ DEFAULT_SYSTEM_PROMPT = (
     "e.g. <answer>two</answer>."
 )
 DEFAULT_TEMPLATE = "{question}"
+"""The prompt template of rows whose question is in ``question``; in general ``"{<question_field>}"``."""
+QUESTION_FIELDS = ("question", "prompt")
+"""The question fields ``question_field=None`` looks for, in this order (``prompt``: TRL's column)."""
 IMAGE_FIELDS = ("image", "images", "video")
 """The image fields ``image_field=None`` looks for, in this order."""
 IMAGE_PLACEHOLDER = "<image>"
@@ -70,63 +75,6 @@ RESIZES = ("none", "qwen")
 RESERVED = ("answer", "source", "image_size", "model_image_size", "seed", "split")
 """Info keys the env sets; a row field with one of these names is kept as ``row_<name>``."""
 CACHE_SIZE = 8
-
-
-# --------------------------------------------------------------------------------------------- rows
-def answer_value(value: Any) -> str | list[str]:
-    """A row's answer as the info holds it: text as is, a number as text (``3.0`` as ``"3"``), a list as a
-    list of those. Raises ValueError naming what is wrong (null, bool, empty, nested, not finite)."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise ValueError("answer is an empty list; give at least one accepted answer")
-        out = []
-        for item in value:
-            if isinstance(item, (list, tuple, dict)):
-                raise ValueError(
-                    f"answer list holds a {type(item).__name__}; list items must be text or numbers"
-                )
-            out.append(answer_value(item))
-        return out
-    if isinstance(value, bool):
-        raise ValueError(
-            f'answer is the boolean {value}; write it as the text the model should give, e.g. "yes"'
-        )
-    if isinstance(value, str):
-        if not value.strip():
-            raise ValueError("answer is an empty string")
-        return value
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"answer is {value}, not a finite number")
-        return str(int(value)) if value.is_integer() else repr(value)
-    raise ValueError(
-        f"answer is {type(value).__name__}; expected text, a number or a list of accepted answers"
-    )
-
-
-def row_unit(fields: dict[str, Any]) -> float:
-    """A number in [0, 1) that is a hash of the row's content (bytes hashed as their sha256): the split key."""
-
-    def digestible(obj: Any) -> str:
-        if isinstance(obj, (bytes, bytearray, memoryview)):
-            return "sha256:" + hashlib.sha256(bytes(obj)).hexdigest()
-        return str(obj)
-
-    blob = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=digestible).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") / 2**64
-
-
-def split_rows(records: Sequence[Record], eval_fraction: float) -> tuple[list[Record], list[Record]]:
-    """(train, eval): a row is eval when ``row_unit(row) < eval_fraction``. With ``eval_fraction > 0`` and at
-    least two rows the eval split is never empty (the row of smallest hash goes there if none fell below)."""
-    units = [row_unit(r.fields) for r in records]
-    eval_ids = {i for i, u in enumerate(units) if u < eval_fraction}
-    if eval_fraction > 0 and not eval_ids and len(records) >= 2:
-        eval_ids = {min(range(len(records)), key=units.__getitem__)}
-    train = [r for i, r in enumerate(records) if i not in eval_ids]
-    return train, [r for i, r in enumerate(records) if i in eval_ids]
 
 
 def _check_template(template: Any, name: str) -> None:
@@ -160,10 +108,12 @@ def _stamp(path: str | None) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class _Dataset:
-    """A checked dataset: its rows per split and the field holding the images (None for text rows)."""
+    """A checked dataset: its rows per split, the field holding the images (None for text rows) and the one
+    holding the question."""
 
     rows: dict[str, list[Record]]
     image_field: str | None
+    question_field: str
 
 
 _CACHE: OrderedDict[tuple[Any, ...], _Dataset] = OrderedDict()
@@ -193,10 +143,10 @@ class QADatasetEnv(SingleTurnEnv):
         path: str | os.PathLike[str],
         eval_path: str | os.PathLike[str] | None,
         eval_fraction: float | None,
-        question_field: str,
+        question_field: str | None,
         answer_field: str | None,
         system_prompt: str | None,
-        prompt_template: str,
+        prompt_template: str | None,
         limit: int | None,
         image_field: str | None = None,
         min_pixels: int | None = None,
@@ -230,16 +180,17 @@ class QADatasetEnv(SingleTurnEnv):
             or not (0 <= eval_fraction < 1)
         ):
             raise ConfigError(f"{name}(eval_fraction={eval_fraction!r}): expected a number in [0, 1)")
-        if not isinstance(question_field, str) or not question_field:
+        if question_field is not None and (not isinstance(question_field, str) or not question_field):
             raise ConfigError(
-                f"{name}(question_field={question_field!r}): expected a field name (a non-empty str)"
+                f"{name}(question_field={question_field!r}): expected a field name, or None ('question', else "
+                "TRL's 'prompt')"
             )
         if answer_field is not None and (not isinstance(answer_field, str) or not answer_field):
             raise ConfigError(
                 f"{name}(answer_field={answer_field!r}): expected a field name, or None for rows without an "
                 "answer (tasks scored from other fields, e.g. grounding with 'box')"
             )
-        if question_field == answer_field:
+        if question_field is not None and question_field == answer_field:
             raise ConfigError(f"{name}: question_field and answer_field are both {question_field!r}")
         if image_field is not None and (not isinstance(image_field, str) or not image_field):
             raise ConfigError(f"{name}(image_field={image_field!r}): expected a field name or None (auto)")
@@ -248,7 +199,8 @@ class QADatasetEnv(SingleTurnEnv):
                 f"{name}(system_prompt=...): expected a str or None (no system message), got "
                 f"{type(system_prompt).__name__}"
             )
-        _check_template(prompt_template, name)
+        if prompt_template is not None:
+            _check_template(prompt_template, name)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"{name}(limit={limit!r}): expected an int >= 1 or None (all rows)")
         for kwarg, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
@@ -277,7 +229,7 @@ class QADatasetEnv(SingleTurnEnv):
 
         self.path, self.eval_path, self.eval_fraction = path, eval_path, float(eval_fraction)
         self.question_field, self.answer_field = question_field, answer_field
-        self.system_prompt, self.prompt_template = system_prompt, prompt_template
+        self.system_prompt, self.template_given = system_prompt, prompt_template
         self.min_pixels, self.max_pixels, self.resize = min_pixels, max_pixels, resize
         self.image_factor, self.video_fps = image_factor, float(video_fps)
         key = (
@@ -303,6 +255,13 @@ class QADatasetEnv(SingleTurnEnv):
                 _CACHE.popitem(last=False)
         _CACHE.move_to_end(key)
         self.rows, self.image_field = dataset.rows, dataset.image_field
+        self._use_question_field(dataset.question_field)
+
+    def _use_question_field(self, field: str) -> None:
+        """Set the question field and the template (given, else ``"{<question_field>}"``)."""
+        self.question_field = field
+        given = self.template_given
+        self.prompt_template = given if given is not None else "{" + field + "}"
 
     # ----------------------------------------------------------------------------------- loading
     def _load(self, limit: int | None, image_field: str | None, check_pixels: bool) -> _Dataset:
@@ -316,6 +275,11 @@ class QADatasetEnv(SingleTurnEnv):
             raise DataError(f"{self.eval_path}: no rows (an empty file?)")
         if self.with_images and image_field is None:
             image_field = self._detect_image_field(every)
+        if self.question_field is None:  # 'question', else TRL's 'prompt' when the rows have that
+            found = [f for f in QUESTION_FIELDS if any(r.fields.get(f) is not None for r in every)]
+            self._use_question_field(found[0] if found else QUESTION_FIELDS[0])
+        else:
+            self._use_question_field(self.question_field)
         required = (
             (self.question_field,) if self.answer_field is None else (self.question_field, self.answer_field)
         )
@@ -339,7 +303,7 @@ class QADatasetEnv(SingleTurnEnv):
                     f"{self.path}: eval_fraction={self.eval_fraction} leaves no training rows "
                     f"({len(held_out)} row(s) in all); add rows or lower eval_fraction"
                 )
-        return _Dataset(rows={"train": train, "eval": held_out}, image_field=image_field)
+        return _Dataset({"train": train, "eval": held_out}, image_field, self.question_field)
 
     def _detect_image_field(self, records: Sequence[Record]) -> str | None:
         found = [f for f in IMAGE_FIELDS if any(r.fields.get(f) is not None for r in records)]
@@ -354,7 +318,18 @@ class QADatasetEnv(SingleTurnEnv):
         """What is wrong with one row's question, answer and prompt (the images are checked separately)."""
         fields, problems = record.fields, []
         question = fields[self.question_field]
-        if not isinstance(question, str):
+        refs = _as_list(fields[image_field]) if self.with_images and image_field else None
+        conversational = is_conversation(question)
+        if conversational:  # TRL's conversational format: the messages are the prompt
+            problems.extend(
+                conversation_problems(question, self.question_field, None if refs is None else len(refs))
+            )
+            if self.template_given is not None or any(map(is_video_ref, refs or [])):
+                problems.append(
+                    f"'{self.question_field}' holds chat messages, used as they are: they take images (not "
+                    "video files) and no prompt_template"
+                )
+        elif not isinstance(question, str):
             problems.append(f"'{self.question_field}' is {type(question).__name__}, expected text")
         elif not question.strip():
             problems.append(f"'{self.question_field}' is empty")
@@ -363,6 +338,8 @@ class QADatasetEnv(SingleTurnEnv):
                 answer_value(fields[self.answer_field])
             except ValueError as e:
                 problems.append(f"'{self.answer_field}': {e}" if self.answer_field != "answer" else str(e))
+        if conversational:
+            return problems
         try:
             text = self.prompt_template.format_map(fields)
         except KeyError as e:
@@ -417,7 +394,6 @@ class QADatasetEnv(SingleTurnEnv):
             )
         record = rows[seed % len(rows)]
         fields = record.fields
-        text = self.prompt_template.format_map(fields)
         reserved = RESERVED if self.answer_field is not None else tuple(k for k in RESERVED if k != "answer")
         info: dict[str, Any] = {
             (f"row_{k}" if k in reserved else k): copy.deepcopy(v)
@@ -426,10 +402,11 @@ class QADatasetEnv(SingleTurnEnv):
         }
         if self.answer_field is not None:
             info["answer"] = answer_value(fields[self.answer_field])
+            if self.answer_field != "answer":  # also under its own name (TRL: accuracy_reward(solution=...))
+                info[self.answer_field] = copy.deepcopy(fields[self.answer_field])
         info["source"] = record.source
-        if self.image_field is None:
-            parts = [text_part(text)]
-        else:
+        images: list[Image.Image] = []
+        if self.image_field is not None:
             images, sizes = self._images(record)
             image_size = [list(s) for s in sizes]
             model_size = [list(self.model_size(s)) for s in sizes]
@@ -437,10 +414,16 @@ class QADatasetEnv(SingleTurnEnv):
             if not isinstance(value, (list, tuple)) and not is_video_ref(value):  # one image: one [w, h]
                 image_size, model_size = image_size[0], model_size[0]
             info["image_size"], info["model_image_size"] = image_size, model_size
-            if self.image_field == "video" and getattr(self, "video_as", "frames") == "video":
-                parts = [{"type": "video", "video": images}, text_part(text)]  # the frames as one video
-            else:
-                parts = _interleave(text, images)
+        question = fields[self.question_field]
+        if is_conversation(question):  # TRL's conversational format (checked in __init__)
+            return Task(messages=conversation_messages(question, images, self.system_prompt), info=info)
+        text = self.prompt_template.format_map(fields)
+        if self.image_field is None:
+            parts = [text_part(text)]
+        elif self.image_field == "video" and getattr(self, "video_as", "frames") == "video":
+            parts = [{"type": "video", "video": images}, text_part(text)]  # the frames as one video
+        else:
+            parts = _interleave(text, images)
         messages = [system(self.system_prompt)] if self.system_prompt is not None else []
         messages.append(user(*parts))
         return Task(messages=messages, info=info)
@@ -508,13 +491,15 @@ class VQAEnv(QADatasetEnv):
         eval_fraction: without ``eval_path``, the share of rows held out for eval, chosen by a hash of each
             row's content (default 0.1; 0 = no eval split).
         question_field, answer_field: the fields holding the question and the answer (``answer_field=None``:
-            rows need no answer, for tasks scored from other fields, e.g. grounding with ``box``).
+            rows need no answer, for tasks scored from other fields, e.g. grounding with ``box``; another
+            answer field, e.g. TRL's ``solution``, is in the info under its name too). ``question_field=None``:
+            ``question``, else ``prompt`` (TRL's column: text, or chat messages used as the prompt).
         image_field: the field holding the image(s); None picks ``image``, ``images`` or ``video``,
             whichever the rows have. It holds one reference or a list (several images, or a video's
             frames); a path ending in a video suffix is a video file, read at ``video_fps``.
         system_prompt: the system message (None: no system message).
-        prompt_template: the user text, ``str.format`` ed with the row's fields (default ``"{question}"``);
-            ``<image>`` placeholders in it place the images.
+        prompt_template: the user text, ``str.format`` ed with the row's fields (default
+            ``"{<question_field>}"``); ``<image>`` placeholders in it place the images.
         min_pixels, max_pixels, image_factor: the Qwen-VL processor's image budget and resize factor, for
             ``model_image_size`` and ``resize="qwen"`` (None: the processor's defaults).
         resize: ``"none"`` (default: images at their original size; the model's processor resizes them)
@@ -541,11 +526,11 @@ class VQAEnv(QADatasetEnv):
         path: str,
         eval_path: str | None = None,
         eval_fraction: float | None = None,
-        question_field: str = "question",
+        question_field: str | None = None,
         answer_field: str | None = "answer",
         image_field: str | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        prompt_template: str = DEFAULT_TEMPLATE,
+        prompt_template: str | None = None,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
         resize: str = "none",
