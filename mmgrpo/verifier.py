@@ -17,6 +17,13 @@ or (batched) returns a list of the wrong length scores 0.0 for the episodes conc
 counted in ``RewardBreakdown.failures[name]`` with the first few messages kept in ``RewardBreakdown.errors``.
 :func:`check_verifier` is the strict counterpart, for tests: it raises :class:`VerifierError` instead.
 
+A verifier with ``skips_none=True`` (every TRL reward function wrapped by :func:`from_trl`) may return
+None for an episode: it does not score that one (TRL's "skip this sample"). Its value there is 0.0, which
+leaves the total as TRL's ``nansum`` over the functions leaves it, and ``RewardBreakdown.skipped`` marks it,
+so that its mean leaves the episode out; an episode no verifier scored (``RewardBreakdown.unscored``) is left
+out of its group's baseline and gets advantage 0, as in TRL. None is neither a failure nor a non-finite
+value: the fault policy does not see it.
+
 :func:`from_trl` adapts a TRL-style reward function ``f(completions, **kwargs) -> list[float]`` unchanged.
 
 This module knows nothing about models or training; torch is imported only when rewards are scored.
@@ -85,6 +92,9 @@ class Verifier:
     fn: Callable[..., Any]
     weight: float = 1.0
     batched: bool = False
+    skips_none: bool = False
+    """None from ``fn`` means: this episode is not scored by this verifier (TRL's semantics; see the module
+    docstring). False: None is a failure, scored 0.0 and counted."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -101,13 +111,16 @@ class Verifier:
             raise ConfigError(f"Verifier '{self.name}': weight must be a finite number, got {self.weight!r}.")
         self.weight = float(self.weight)
 
-    def score(self, episodes: Sequence[Episode]) -> list[float]:
-        """One float per episode. Strict: exceptions from ``fn`` propagate, a bad value raises VerifierError.
+    def score(self, episodes: Sequence[Episode]) -> list[float | None]:
+        """One float per episode (None where a ``skips_none`` verifier skipped it). Strict: exceptions from
+        ``fn`` propagate, a bad value raises VerifierError.
 
         :class:`Rewards` is the forgiving caller that turns such failures into counted zeros.
         """
         raw = self._call(episodes)
-        return [_as_float(v, self.name, i) for i, v in enumerate(raw)]
+        return [
+            None if v is None and self.skips_none else _as_float(v, self.name, i) for i, v in enumerate(raw)
+        ]
 
     def _call(self, episodes: Sequence[Episode]) -> list[Any]:
         """The raw values, length-checked, not yet converted."""
@@ -146,7 +159,7 @@ def _as_float(value: Any, name: str, index: int) -> float:
     )
 
 
-def check_verifier(verifier: Verifier, episodes: Sequence[Episode]) -> list[float]:
+def check_verifier(verifier: Verifier, episodes: Sequence[Episode]) -> list[float | None]:
     """Run ``verifier`` on ``episodes`` strictly and return its values.
 
     Raises VerifierError when the protocol is broken: not a Verifier, ``fn`` raises, a value that is not a
@@ -185,6 +198,30 @@ class RewardBreakdown:
     """name -> how many episodes that verifier failed on (every verifier is listed, 0 when none)."""
     errors: list[str]
     """The first few failure messages, for logs."""
+    skipped: dict[str, torch.Tensor] = field(default_factory=dict)
+    """name -> (N,) bool, True where the verifier returned None (``skips_none``: it did not score the
+    episode; its value there is 0.0). Verifiers that cannot skip may be absent."""
+
+    @property
+    def unscored(self) -> torch.Tensor:
+        """(N,) bool: the episodes every verifier skipped (none when there are no verifiers): TRL's
+        unscorable completions, left out of their group's baseline and given advantage 0."""
+        import torch
+
+        n = self.total.shape[0]
+        if not self.per_verifier or len(self.skipped) < len(self.per_verifier):
+            return torch.zeros(n, dtype=torch.bool)
+        return torch.stack([self.skipped[k] for k in self.per_verifier]).all(dim=0)  # (N,)
+
+    def none_counts(self) -> dict[str, int]:
+        """name -> how many episodes the verifier skipped (returned None for)."""
+        return {k: int(v.sum()) for k, v in self.skipped.items()}
+
+    def mean_scored(self, name: str) -> float:
+        """The verifier's mean over the episodes it scored (NaN when it skipped them all, as TRL's nanmean)."""
+        values, skipped = self.per_verifier[name], self.skipped.get(name)
+        kept = values if skipped is None else values[~skipped]
+        return float(kept.mean()) if kept.numel() else float("nan")
 
 
 class Rewards:
@@ -243,11 +280,13 @@ class Rewards:
         errors: list[str] = []
         failures: dict[str, int] = {}
         per_verifier: dict[str, torch.Tensor] = {}
+        skipped: dict[str, torch.Tensor] = {}
         total = [0.0] * n
         for v in self.verifiers:
-            values, failed = _score_forgiving(v, episodes, errors, keep_nonfinite)
+            values, failed, none = _score_forgiving(v, episodes, errors, keep_nonfinite)
             failures[v.name] = failed
             per_verifier[v.name] = torch.tensor(values, dtype=torch.float32)  # (N,)
+            skipped[v.name] = torch.tensor(none, dtype=torch.bool)  # (N,)
             for i, value in enumerate(values):
                 total[i] += v.weight * value
         if self.adds_env_reward:
@@ -262,6 +301,7 @@ class Rewards:
             per_verifier=per_verifier,
             failures=failures,
             errors=errors,
+            skipped=skipped,
         )
 
 
@@ -281,16 +321,18 @@ def _describe(exc: BaseException) -> str:
 
 def _score_forgiving(
     v: Verifier, episodes: list[Episode], errors: list[str], keep_nonfinite: bool = False
-) -> tuple[list[float], int]:
-    """(values, number failed): a failure scores 0.0 and leaves a message in ``errors``; with
-    ``keep_nonfinite`` a NaN or infinite number is returned as it is, not counted as a failure."""
+) -> tuple[list[float], int, list[bool]]:
+    """(values, number failed, skipped): a failure scores 0.0 and leaves a message in ``errors``; with
+    ``keep_nonfinite`` a NaN or infinite number is returned as it is, not counted as a failure; a None from
+    a ``skips_none`` verifier scores 0.0 and is marked skipped."""
     n = len(episodes)
+    skipped = [False] * n
     if v.batched:
         try:
             raw = v._call(episodes)
         except Exception as exc:  # the whole batch failed: every episode gets 0.0
             _keep(errors, f"verifier '{v.name}' failed on all {n} episodes: {_describe(exc)}")
-            return [0.0] * n, n
+            return [0.0] * n, n, skipped
     else:
         raw = []
         for i, ep in enumerate(episodes):
@@ -303,6 +345,10 @@ def _score_forgiving(
     for i, value in enumerate(raw):
         if isinstance(value, _Failed):
             message = value.message
+        elif value is None and v.skips_none:
+            values.append(0.0)
+            skipped[i] = True
+            continue
         elif keep_nonfinite and isinstance(value, numbers.Real) and not math.isfinite(float(value)):
             values.append(float(value))
             continue
@@ -315,7 +361,7 @@ def _score_forgiving(
         values.append(0.0)
         failed += 1
         _keep(errors, message)
-    return values, failed
+    return values, failed, skipped
 
 
 @dataclass
@@ -340,8 +386,8 @@ def from_trl(
 
     ``completion_ids`` is not passed (write ``**kwargs`` as TRL's docs do). A function without ``**kwargs``
     gets only the arguments it names (TRL would fail on the others). A ``None`` in the returned list
-    means "not applicable" (TRL semantics) and counts as 0.0, not as a failure. ``name`` defaults to
-    ``fn.__name__``.
+    means "skip this sample" (TRL semantics): not a failure; the episode does not count for this function
+    (``skips_none``, see the module docstring). ``name`` defaults to ``fn.__name__``.
 
     Settings bound with ``functools.partial(fn, key=value)`` win over a task field of the same name (that
     field is not passed); this is how the registry passes a config's keyword arguments to such a function.
@@ -377,11 +423,11 @@ def from_trl(
             raise VerifierError(
                 f"TRL reward function '{name}' returned None; it must return a list of floats."
             )
-        return [0.0 if value is None else value for value in values]
+        return list(values)
 
     trl_batch.__name__ = f"trl_{name}"
     trl_batch.__doc__ = getattr(inner, "__doc__", None)
-    return Verifier(name=name, fn=trl_batch, weight=weight, batched=True)
+    return Verifier(name=name, fn=trl_batch, weight=weight, batched=True, skips_none=True)
 
 
 def _named_parameters(fn: Callable[..., Any]) -> set[str] | None:

@@ -27,6 +27,10 @@ reward of large scale or spread cannot drown the others, and a verifier on which
 contributes 0 there. GDPO then also rescales the summed advantages by their batch standard deviation;
 that last step is not done here.
 
+Rows left out (``valid``, as TRL leaves out a completion every reward function returned None for): such a
+row is not part of its group's baseline or standard deviation and gets advantage 0; the group's statistics
+are those of its other rows (fewer than two: zeros).
+
 Example::
 
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])                     # (N,) one group of G=4
@@ -95,9 +99,11 @@ def group_advantages(
     baseline: Baseline = "mean",
     scale: Scale = "std_unbiased",
     eps: float = 1e-6,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """Advantages (N,) of rewards (N,), normalised inside each group: the rows sharing a ``group_ids`` entry,
-    or, without ids, each run of ``group_size`` consecutive rows.
+    or, without ids, each run of ``group_size`` consecutive rows. ``valid`` (N,) bool: rows marked False are
+    left out of their group's statistics and get 0 (see the module docstring); None keeps every row.
 
     baseline: "mean" (GRPO) subtracts the group mean; "rloo" subtracts the mean of the other G-1 rewards.
     scale: divide by the group's "std_unbiased" (N-1) or "std_biased" (N) standard deviation plus ``eps``,
@@ -115,12 +121,19 @@ def group_advantages(
             )
         order = group_order(group_ids, group_size)  # (N,) grouped rows
         grouped = group_advantages(
-            rewards[order], group_size, baseline=baseline, scale=scale, eps=eps
+            rewards[order],
+            group_size,
+            baseline=baseline,
+            scale=scale,
+            eps=eps,
+            valid=None if valid is None else valid[order],
         )  # (N,)
         return torch.empty_like(grouped).index_copy_(0, order, grouped)  # (N,) back in row order
     r = _grouped(rewards, group_size)  # (B, G)
     if group_size == 1:
         return torch.zeros_like(r).view(-1)  # (N,) no baseline without a second sample
+    if valid is not None and not bool(valid.all()):
+        return _masked_advantages(r, valid.view(r.shape), baseline, scale, eps).reshape(-1)  # (N,)
 
     if baseline == "mean":
         b = r.mean(dim=1, keepdim=True)  # (B, 1)
@@ -135,6 +148,30 @@ def group_advantages(
     constant = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)  # (B, 1) all rewards equal
     a = torch.where(constant, torch.zeros_like(a), a)  # (B, G) exact zeros, not rounding noise
     return a.reshape(-1)  # (N,)
+
+
+def _masked_advantages(r: Tensor, m: Tensor, baseline: Baseline, scale: Scale, eps: float) -> Tensor:
+    """``group_advantages`` of r (B, G) over the rows where m (B, G) is True; 0 elsewhere, and in groups
+    with fewer than two such rows or whose such rows all have one reward."""
+    m = m.to(torch.bool)  # (B, G)
+    k = m.sum(dim=1, keepdim=True).to(r.dtype)  # (B, 1) rows kept per group
+    r_kept = torch.where(m, r, torch.zeros_like(r))  # (B, G)
+    mean = r_kept.sum(dim=1, keepdim=True) / k.clamp(min=1)  # (B, 1)
+    if baseline == "mean":
+        b = mean  # (B, 1)
+    else:
+        b = (r_kept.sum(dim=1, keepdim=True) - r_kept) / (k - 1).clamp(min=1)  # (B, G) the other kept rows
+    a = r - b  # (B, G)
+    if scale != "none":
+        sq = torch.where(m, (r - mean) ** 2, torch.zeros_like(r))  # (B, G)
+        dof = k - (1 if scale == "std_unbiased" else 0)  # (B, 1)
+        std = (sq.sum(dim=1, keepdim=True) / dof.clamp(min=1)).sqrt()  # (B, 1)
+        a = a / (std + eps)  # (B, G)
+    inf = torch.full_like(r, float("inf"))  # (B, G)
+    hi = torch.where(m, r, -inf).amax(dim=1, keepdim=True)  # (B, 1)
+    lo = torch.where(m, r, inf).amin(dim=1, keepdim=True)  # (B, 1)
+    zero = (hi == lo) | (k < 2) | ~m  # (B, G) constant groups, groups without a baseline, left-out rows
+    return torch.where(zero, torch.zeros_like(a), a)  # (B, G)
 
 
 def group_stats(rewards: Tensor, group_size: int) -> dict[str, float]:
@@ -166,9 +203,12 @@ def combine_advantages(
     baseline: Baseline = "mean",
     scale: Scale = "std_unbiased",
     eps: float = 1e-6,
+    valid: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """Advantages (N,) from several rewards: per_verifier maps a name to its rewards (N,), weights a name to
     its weight (the same names); group_ids, group_size, baseline, scale and eps as in :func:`group_advantages`.
+    ``valid`` maps a name to (N,) bool, False where that reward does not count (a None from a TRL reward
+    function); a name it lacks counts everywhere. "sum_then_normalize" keeps the rows some reward counts on.
 
     mode "sum_then_normalize": ``group_advantages(sum_v weight_v * r_v)``. The weighted sum is accumulated
         in float64 in the order of ``per_verifier`` and then rounded to the rewards' dtype, as
@@ -201,11 +241,15 @@ def combine_advantages(
     if not dtype.is_floating_point:
         dtype = torch.float32
     kwargs = dict(group_ids=group_ids, baseline=baseline, scale=scale, eps=eps)
+    valid = dict(valid or {})
     if mode == "sum_then_normalize":
         total = _weighted_sum(per_verifier, weights).to(dtype)  # (N,)
-        return group_advantages(total, group_size, **kwargs)  # (N,)
+        some = [valid.get(k) for k in per_verifier]
+        kept = None if any(v is None for v in some) else torch.stack(some).any(dim=0)  # (N,)
+        return group_advantages(total, group_size, valid=kept, **kwargs)  # (N,)
     per_adv = {
-        name: group_advantages(r.to(dtype), group_size, **kwargs) for name, r in per_verifier.items()
+        name: group_advantages(r.to(dtype), group_size, valid=valid.get(name), **kwargs)
+        for name, r in per_verifier.items()
     }  # name -> (N,), each normalised inside its groups
     return _weighted_sum(per_adv, weights).to(dtype)  # (N,)
 

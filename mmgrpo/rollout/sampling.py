@@ -79,6 +79,7 @@ def select_scored(scored: RewardBreakdown, rows: list[int]) -> RewardBreakdown:
         per_verifier={k: v[idx] for k, v in scored.per_verifier.items()},
         failures=dict(scored.failures),
         errors=list(scored.errors),
+        skipped={k: v[idx] for k, v in scored.skipped.items()},
     )
 
 
@@ -115,4 +116,5 @@ def concat_scored(parts: list[RewardBreakdown]) -> RewardBreakdown:
         per_verifier={k: torch.cat([p.per_verifier[k] for p in parts]) for k in parts[0].per_verifier},
         failures=failures,
         errors=[e for p in parts for e in p.errors],
+        skipped={k: torch.cat([p.skipped[k] for p in parts]) for k in parts[0].skipped},
     )

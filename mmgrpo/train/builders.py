@@ -27,8 +27,13 @@ def build_env_factory(cfg: Config) -> Callable[[], ChatEnv]:
     """A zero-argument env factory; builds one env now so bad kwargs (and a tool env with too few turns
     to answer a call) fail before any model loads."""
     from mmgrpo.envs.tool_env import check_max_turns
+    from mmgrpo.train.env_pool import close_envs
 
-    check_max_turns(make_env(cfg.env.name, **cfg.env.kwargs), cfg.env.max_turns, f"'{cfg.env.name}'")
+    env = make_env(cfg.env.name, **cfg.env.kwargs)
+    try:
+        check_max_turns(env, cfg.env.max_turns, f"'{cfg.env.name}'")
+    finally:
+        close_envs([env])  # the check's env: made and closed here
     return lambda: make_env(cfg.env.name, **cfg.env.kwargs)
 
 

@@ -28,6 +28,8 @@ SUM_KEYS = frozenset(
         "clip_frac",
         "ratio_mean",
         "verifier_failures",
+        "reward_none",
+        "reward_unscored",
         "env_errors",
         "env_reset_failures",
         "num_episodes",

@@ -40,10 +40,11 @@ def step_record(
     rewards = scored.total
     N = len(batch.trajectories)
     lengths = [t.num_policy_tokens for t in batch.trajectories]
+    scored_rows = rewards[~scored.unscored]  # TRL: an episode no verifier scored is left out of the mean
     record: dict[str, Any] = {
         "step": step,
-        "reward": float(rewards.mean()),
-        **{f"reward/{k}": float(v.mean()) for k, v in scored.per_verifier.items()},
+        "reward": float(scored_rows.mean()) if scored_rows.numel() else float("nan"),
+        **{f"reward/{k}": scored.mean_scored(k) for k in scored.per_verifier},  # over the scored episodes
         **(
             group_stats(rewards, G)
             if bool(torch.isfinite(rewards).all())
@@ -62,6 +63,8 @@ def step_record(
             else {}
         ),
         "verifier_failures": sum(scored.failures.values()),
+        "reward_none": sum(scored.none_counts().values()),  # a verifier's None: that episode not scored
+        "reward_unscored": int(scored.unscored.sum()),  # episodes no verifier scored (advantage 0)
         "env_errors": sum(t.env_error is not None for t in batch.trajectories),
         "env_reset_failures": len(batch.failed_tasks),
         "num_episodes": N,
@@ -71,8 +74,9 @@ def step_record(
         "step_time": time.perf_counter() - t0,
     }
     record = reduce_records(gather_objects(accelerator, record))
-    if cfg.env.max_turns > 1:
-        record.update(all_episode_metrics(accelerator, batch.trajectories))
+    # the env's own metrics (env/<name>) for every run; the turn and tool counters for multi-turn runs
+    more = all_episode_metrics(accelerator, batch.trajectories)
+    record.update(more if cfg.env.max_turns > 1 else {k: v for k, v in more.items() if k.startswith("env/")})
     return record
 
 

@@ -293,10 +293,15 @@ def load_examples(cfg: Config) -> tuple[list[Example], list[Example]]:
 
 
 # --------------------------------------------------------------------------------------------- batches
-def supervised_batch(policy: Policy, prompts: list[list[dict]], targets: list[str]) -> TokenBatch:
-    """``prompts`` (templated with the generation prompt) | each target's ids and the end-of-turn token;
-    loss_mask 1 on the target tokens."""
-    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts)  # (B, P)
+def supervised_batch(
+    policy: Policy,
+    prompts: list[list[dict]],
+    targets: list[str],
+    tools: list[list[dict] | None] | None = None,
+) -> TokenBatch:
+    """``prompts`` (templated with the generation prompt, with each one's ``tools`` schemas as the rollout
+    renders them) | each target's ids and the end-of-turn token; loss_mask 1 on the target tokens."""
+    prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P)
     responses = [policy.encode_text(t) + [policy.end_of_turn_id] for t in targets]
     response_ids, response_mask = pad_right(responses, policy.pad_token_id)  # (B, T)
     return TokenBatch(prompt_ids, prompt_mask, response_ids, response_mask, response_mask, vision)

@@ -29,7 +29,7 @@ import torch
 
 from mmgrpo.config.core import Config, config_to_dict, save_config
 from mmgrpo.config.sections import WarmStartConfig
-from mmgrpo.errors import ConfigError, EnvError, WarmStartError
+from mmgrpo.errors import ConfigError, EnvError
 from mmgrpo.grpo.advantages import combine_advantages, group_advantages, group_size_at
 from mmgrpo.grpo.kl_control import AdaptiveKLController, FixedKLController
 from mmgrpo.model.adapters import embedding_parameters
@@ -52,6 +52,7 @@ from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, 
 from mmgrpo.train.checkpoint import load_checkpoint, register_model_hooks, resume_changes, save_checkpoint
 from mmgrpo.train.diagnostics import Diagnostics
 from mmgrpo.train.distributed import gather_objects, outside_ddp, shard
+from mmgrpo.train.env_pool import EnvPool
 from mmgrpo.train.fault_sync import SKIPPED, account_faults, agree_finite
 from mmgrpo.train.faults import FaultTracker, check_finite
 from mmgrpo.train.fsdp import Lockstep, gathered
@@ -80,7 +81,8 @@ class Trainer:
         self.cfg = cfg
         g = cfg.grpo
         # everything that can be wrong with the config fails here, before a model is loaded
-        self.make_env = build_env_factory(cfg)
+        self.pool = EnvPool(build_env_factory(cfg))  # every env the run makes, closed by close()
+        self.make_env = self.pool.make
         self.rewards = build_rewards(cfg)
         self.metric = eval_metric(cfg)
         self.out = prepare_output_dir(cfg.output_dir)
@@ -150,7 +152,7 @@ class Trainer:
         register_model_hooks(acc, self.policy)
         local_tasks = len(shard(list(range(g.tasks_per_step)), self.rank, self.world))
         most_G = max([g.group_size, *(G for _, G in g.group_size_schedule)])
-        self.envs = [self.make_env() for _ in range(max(local_tasks, 1) * most_G)]
+        self.pool.open(max(local_tasks, 1) * most_G)
         self.metrics_path = self.out / "metrics.jsonl"
         self.faults = FaultTracker(
             cfg.env.name,
@@ -176,6 +178,15 @@ class Trainer:
         self.stop_requested = False  # set by a signal handler; the loop saves a checkpoint and stops
         self._saved_step: int | None = None  # the step this trainer last wrote a checkpoint of
         self._eval_cut_said = False  # whether the eval split's size cut eval_episodes was said
+
+    @property
+    def envs(self) -> list:
+        """The rollout's envs, one per episode of a step (made again when used after :meth:`close`)."""
+        return self.pool.open()
+
+    def close(self) -> None:
+        """Close every env this trainer made (``train`` does, however it ends; safe to call again)."""
+        self.pool.close()
 
     # ------------------------------------------------------------------------------------------ logging
     def log(self, record: dict[str, Any]) -> None:
@@ -261,16 +272,19 @@ class Trainer:
 
     def advantages(self, batch: RolloutBatch, scored, rewards: torch.Tensor, G: int) -> torch.Tensor:
         """(N,) group-normalised advantages of ``rewards`` (the verifiers' weighted sum plus any shaping);
-        with grpo.reward_combination=normalize_then_sum each verifier is normalised on its own first."""
+        with grpo.reward_combination=normalize_then_sum each verifier is normalised on its own first. As in
+        TRL, a verifier's None leaves the episode out of that verifier's statistics, and an episode every
+        verifier skipped (``scored.unscored``) is out of its group's baseline, with advantage 0."""
         g = self.cfg.grpo
         kw = dict(baseline=g.baseline, scale=g.scale, eps=g.adv_eps)
         if g.reward_combination == "sum_then_normalize":
-            return group_advantages(rewards, G, group_ids=batch.group_ids, **kw)
+            return group_advantages(rewards, G, group_ids=batch.group_ids, valid=~scored.unscored, **kw)
         weights = {v.name: v.weight for v in self.rewards.verifiers}
         per = dict(scored.per_verifier)
         weighted = sum(weights[k] * per[k] for k in per)
         per["_shaping"], weights["_shaping"] = rewards - weighted, 1.0  # env reward, penalties, KL
-        return combine_advantages(per, weights, batch.group_ids, G, "normalize_then_sum", **kw)
+        valid = {k: ~v for k, v in scored.skipped.items()} | {"_shaping": ~scored.unscored}
+        return combine_advantages(per, weights, batch.group_ids, G, "normalize_then_sum", valid=valid, **kw)
 
     def update(self, tokens, adv: torch.Tensor, G: int) -> tuple[dict[str, float], str | None]:
         """num_iterations optimizer steps on this step's rows (mmgrpo.train.microbatch.update)."""
@@ -353,7 +367,14 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Run the remaining steps; returns the last step's metrics. A stop request (signal) finishes the
-        current step, writes a checkpoint and raises :class:`TrainingStopped`."""
+        current step, writes a checkpoint and raises :class:`TrainingStopped`. The envs are closed when it
+        returns or raises."""
+        try:
+            return self._train()
+        finally:
+            self.close()
+
+    def _train(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
         g = self.cfg.grpo
@@ -449,7 +470,7 @@ class Trainer:
             self.cfg.eval,
             self.cfg.env,
             self.policy,
-            self.make_env,
+            self.pool.make_env,  # untracked: the evaluation closes the envs it makes
             self.rewards,
             self.metric,
             episodes=episodes,
@@ -505,15 +526,19 @@ class Trainer:
         for p in self.frozen_embeddings:  # the warm start trains them; GRPO then leaves them as they are
             p.requires_grad_(True)
         try:
-            done = warm_start_and_check(
-                self.policy,
-                self.make_env,
-                w or self.cfg.warm_start,
-                seed=self.cfg.seed,
-                log=log,
-                progress=self.progress,
-                say=self.is_main,
-            )
+            with self.pool.scope() as make_env:  # the warm start's envs are closed when it ends
+                done = warm_start_and_check(
+                    self.policy,
+                    make_env,
+                    w or self.cfg.warm_start,
+                    seed=self.cfg.seed,
+                    log=log,
+                    progress=self.progress,
+                    say=self.is_main,
+                )
+        except BaseException:  # an error or Ctrl-C ends the run: its envs are closed (made again if used)
+            self.close()
+            raise
         finally:
             for p in self.frozen_embeddings:
                 p.requires_grad_(False)
@@ -535,54 +560,11 @@ class Trainer:
         return bool(self.cfg.grpo.bare_steps and w.source == "env" and w.drill_steps)
 
     def full_prompt_drills(self) -> None:
-        """After grpo.bare_steps: the warm start's check on full prompts first (the bare steps never showed
-        one, so the call the drills taught there may be gone); only when it falls short, the drills again,
-        on full prompts only and without the demonstrations, until the check passes. Drilling a policy that
-        already passes is not free: on the zoom agent they started at nll 0.003 and ran 50 steps at the
-        warm start's lr with a fresh optimizer, after which seed 0 wrote no answer for 45 steps."""
-        import dataclasses
+        """After grpo.bare_steps: the warm start's check on full prompts, then drills only when it falls short
+        (mmgrpo.train.warm_check.full_prompt_drills)."""
+        from mmgrpo.train.warm_check import full_prompt_drills
 
-        from mmgrpo.train.warm_check import check_skill
-
-        self.drilled_full = True
-        if not self.drills_at_switch:
-            return
-        w = self.cfg.warm_start
-        if w.check_tasks > 0 and w.min_skill > 0:
-            with outside_ddp(self.policy):
-                check = check_skill(
-                    self.policy, self.make_env, source=w.source, template=w.target, tasks=w.check_tasks
-                )
-            if check is not None:
-                # the main process's finding decides on every process (they drill together or not at all)
-                check = gather_objects(self.accelerator, check)[0]
-                self.log(
-                    {
-                        "stage": "full_prompt_drills_check",
-                        "step": 0,
-                        "rate": check.rate,
-                        "n": check.n,
-                        "grpo_step": self.step,
-                    }
-                )
-                if check.rate >= w.min_skill:
-                    if self.is_main:
-                        print(
-                            f"grpo: step {self.step}: the bare steps are done; on full prompts {check.line()}: no drills",
-                            flush=True,
-                        )
-                    return
-        if self.is_main:
-            print(f"grpo: step {self.step}: the bare steps are done; drills on full prompts", flush=True)
-        try:
-            self.warm_start(dataclasses.replace(w, steps=0, drill_bare_steps=0), stage="full_prompt_drills")
-        except WarmStartError as exc:
-            path = self.save_checkpoint()  # the bare steps are not lost: a resume from it drills again
-            raise WarmStartError(
-                f"after grpo.bare_steps, on full prompts: {exc}. The run so far is kept in {path} (its weights "
-                "with the drills done): resume it with --resume and more warm_start.drill_steps (or a higher "
-                "warm_start.lr), which the drills there read again"
-            ) from None
+        full_prompt_drills(self)
 
     def save(self, out_dir: Path) -> None:
         """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""

@@ -214,3 +214,54 @@ def warm_start_and_check(
                 print(f"warm start: {check.line()} after {steps_run['n']} steps", flush=True)
             require_skill(check, w.min_skill, steps=w.steps, lr=w.lr)
     return WarmStarted(nll, steps_run["n"], check)
+
+
+def full_prompt_drills(trainer) -> None:
+    """After grpo.bare_steps: the warm start's check on full prompts first (the bare steps never showed
+    one, so the call the drills taught there may be gone); only when it falls short, the drills again,
+    on full prompts only and without the demonstrations, until the check passes. Drilling a policy that
+    already passes is not free: on the zoom agent they started at nll 0.003 and ran 50 steps at the
+    warm start's lr with a fresh optimizer, after which seed 0 wrote no answer for 45 steps."""
+    import dataclasses
+
+    from mmgrpo.train.distributed import gather_objects, outside_ddp
+
+    trainer.drilled_full = True
+    if not trainer.drills_at_switch:
+        return
+    w = trainer.cfg.warm_start
+    if w.check_tasks > 0 and w.min_skill > 0:
+        with outside_ddp(trainer.policy):
+            check = check_skill(
+                trainer.policy, trainer.make_env, source=w.source, template=w.target, tasks=w.check_tasks
+            )
+        if check is not None:
+            # the main process's finding decides on every process (they drill together or not at all)
+            check = gather_objects(trainer.accelerator, check)[0]
+            trainer.log(
+                {
+                    "stage": "full_prompt_drills_check",
+                    "step": 0,
+                    "rate": check.rate,
+                    "n": check.n,
+                    "grpo_step": trainer.step,
+                }
+            )
+            if check.rate >= w.min_skill:
+                if trainer.is_main:
+                    print(
+                        f"grpo: step {trainer.step}: the bare steps are done; on full prompts {check.line()}: no drills",
+                        flush=True,
+                    )
+                return
+    if trainer.is_main:
+        print(f"grpo: step {trainer.step}: the bare steps are done; drills on full prompts", flush=True)
+    try:
+        trainer.warm_start(dataclasses.replace(w, steps=0, drill_bare_steps=0), stage="full_prompt_drills")
+    except WarmStartError as exc:
+        path = trainer.save_checkpoint()  # the bare steps are not lost: a resume from it drills again
+        raise WarmStartError(
+            f"after grpo.bare_steps, on full prompts: {exc}. The run so far is kept in {path} (its weights "
+            "with the drills done): resume it with --resume and more warm_start.drill_steps (or a higher "
+            "warm_start.lr), which the drills there read again"
+        ) from None

@@ -143,7 +143,8 @@ def warm_start(
         resets = [reset_group([env], s, "train") for s in task_seeds(step)]
         answers = [info.get("answer") for _, info in resets] if "{answer}" in template else None
         targets = format_targets(template, low, high, batch_size, rng, answers, random_share)
-        return supervised_batch(policy, [obs for obs, _ in resets], targets)
+        tools = [info.get("tools") or None for _, info in resets]  # the schemas GRPO's prompts will show
+        return supervised_batch(policy, [obs for obs, _ in resets], targets, tools)
 
     phases = []  # (name, steps, batches, learning rate, whether the skill check may end it)
     if drill_steps > 0 and drill_bare_steps > 0:
