@@ -9,9 +9,10 @@ tokens at temperature 1, no stop: mmgrpo's loop (``Policy.generate``) and vLLM's
 (``rollout.engine: vllm``, ``mmgrpo.model.vllm_engine``), each measured ``--rounds`` times, alternated; the
 medians' tokens per second and their ratio.
 
-``tools-step``: ``--steps`` GRPO steps of ``examples/tools_math_tiny.yaml`` on a model that has learnt the
-tools task (two-turn episodes), once per engine, alternated twice; the median step time, its rollout part, and
-the ratio. One trainer process and one thread for mmgrpo (OMP_NUM_THREADS=1); vLLM's engine process adds its
+``tools-step``: ``--steps`` GRPO steps of ``examples/tools_math_tiny.yaml`` (or ``--config``) on a model that
+has learnt the tools task (two-turn episodes), once per variant, alternated twice: mmgrpo's engine, vLLM with
+every live episode advancing one turn at a time, and vLLM with each episode its own request stream
+(``rollout.vllm_streams``); the median step time, its rollout part, and the ratios. One trainer process and one thread for mmgrpo (OMP_NUM_THREADS=1); vLLM's engine process adds its
 own (VLLM_CPU_OMP_THREADS_BIND=nobind), so it has the machine's second core where mmgrpo has none: the figure
 is what a user of a 2-core machine gets, not a per-core comparison.
 
@@ -99,39 +100,48 @@ def generate(rounds: int) -> None:
     )
 
 
-def tools_step(model: str, steps: int) -> None:
+VARIANTS = {  # name: the --set lines that pick it
+    "mmgrpo": ["rollout.engine=mmgrpo"],
+    "vllm-turns": ["rollout.engine=vllm", "rollout.vllm_streams=false"],
+    "vllm-streams": ["rollout.engine=vllm", "rollout.vllm_streams=true"],
+}
+
+
+def tools_step(model: str, steps: int, config: str, extra: list[str]) -> None:
     from mmgrpo.config.core import load_config
     from mmgrpo.train.trainer import Trainer
 
     root = Path(__file__).resolve().parents[1]
-    results = {"mmgrpo": [], "vllm": []}
+    results: dict[str, list] = {name: [] for name in VARIANTS}
     for _ in range(2):
-        for engine in ("mmgrpo", "vllm"):
+        for name, picks in VARIANTS.items():
             with tempfile.TemporaryDirectory() as tmp:
                 sets = [
                     f"model.path={model}",
                     f"output_dir={tmp}/run",
-                    f"rollout.engine={engine}",
+                    *picks,
                     "warm_start.steps=0",
                     f"grpo.steps={steps}",
                     "grpo.eval_every=0",
+                    *extra,
                 ]
-                trainer = Trainer(
-                    load_config(root / "examples" / "tools_math_tiny.yaml", sets), progress=False
-                )
+                trainer = Trainer(load_config(root / "examples" / config, sets), progress=False)
                 for _ in range(steps):
                     record = trainer.train_step()
-                    results[engine].append((record["step_time"], record["rollout_time"], record["reward"]))
+                    results[name].append((record["step_time"], record["rollout_time"], record["reward"]))
                 if trainer.policy.sampler is not None:
                     trainer.policy.sampler.close()
     med = {
         k: (statistics.median(s for s, _, _ in v), statistics.median(r for _, r, _ in v))
         for k, v in results.items()
     }
+    base = med["mmgrpo"][0]
+    parts = [f"{k} {s:.2f} s (rollout {r:.2f} s, {s / base:.2f}x)" for k, (s, r) in med.items()]
+    turns, streams = med["vllm-turns"][1], med["vllm-streams"][1]
     print(
-        f"vllm_vs_mmgrpo: tools GRPO step ({steps} steps x 2 runs each, 8 tasks x G=8, two-turn episodes): "
-        f"mmgrpo {med['mmgrpo'][0]:.2f} s (rollout {med['mmgrpo'][1]:.2f} s), "
-        f"vllm {med['vllm'][0]:.2f} s (rollout {med['vllm'][1]:.2f} s), vllm/mmgrpo {med['vllm'][0] / med['mmgrpo'][0]:.2f}",
+        f"vllm_vs_mmgrpo: GRPO step of {config} ({steps} steps x 2 runs each, medians): "
+        + ", ".join(parts)
+        + f"; rollout with streams / turns at a time {streams / turns:.2f}",
         flush=True,
     )
 
@@ -144,11 +154,15 @@ def main() -> None:
     t = sub.add_parser("tools-step")
     t.add_argument("model", help="a tools run's final model (e.g. runs/demo/run/final)")
     t.add_argument("--steps", type=int, default=8)
+    t.add_argument(
+        "--config", default="tools_math_tiny.yaml", help="under examples/ (tools_lookup_tiny.yaml: HTTP)"
+    )
+    t.add_argument("--set", action="append", default=[], help="more KEY=VALUE for every variant")
     args = p.parse_args()
     if args.what == "generate":
         generate(args.rounds)
     else:
-        tools_step(args.model, args.steps)
+        tools_step(args.model, args.steps, args.config, args.set)
 
 
 if __name__ == "__main__":

@@ -210,6 +210,50 @@ def test_the_tiny_vlm_samples_text_and_image_prompts_exactly_before_and_after_up
         policy.sampler.close()
 
 
+def test_episodes_as_request_streams_equal_turns_at_a_time(tiny_model_dir):
+    """Three-turn episodes whose env answers with a new image each turn (tests/test_multiturn.py's env),
+    through vLLM: greedy, each episode as its own request stream gives the same ids as every live episode
+    advancing one turn at a time; sampled, the streams' log-probs are the training pass's (1e-5) on every
+    policy token, the env's tokens masked out."""
+    from mmgrpo.rollout.episodes import rollout
+    from tests.test_multiturn import ZoomOnceEnv
+
+    policy = Policy.from_pretrained(tiny_model_dir)
+    policy.sampler = VLLMEngine(
+        None, python=_python(), max_model_len=2048, seed=0, model=policy.model, processor=policy.processor
+    )
+    # the random model would not stop within a turn: every third id stops one, so turns end after a few
+    # tokens (of varied lengths) and every episode takes its three turns
+    vocab = policy.model.config.get_text_config().vocab_size
+    policy.stop_ids = sorted(set(policy.stop_ids) | set(range(0, vocab, 3)))
+
+    def run(streams: bool, temperature: float):
+        policy.sampler.streams = streams
+        envs = [ZoomOnceEnv(turns_before_end=2) for _ in range(6)]
+        kw = dict(group_size=2, max_turns=3, max_new_tokens=6, temperature=temperature)
+        return rollout(policy, envs, [0, 1, 2], **kw)
+
+    try:
+        together, streams = run(False, 0.0), run(True, 0.0)
+        assert [t.turns for t in streams.trajectories] == [3] * 6
+        assert [t.response_ids for t in streams.trajectories] == [
+            t.response_ids for t in together.trajectories
+        ]
+        assert [t.loss_mask for t in streams.trajectories] == [t.loss_mask for t in together.trajectories]
+        sampled = run(True, 1.0)
+        tokens = sampled.tokens
+        assert tokens.has_response_images
+        with torch.no_grad():
+            trained = policy.logprobs(tokens)  # (N, T)
+        on_policy = tokens.loss_mask.bool()
+        gap = (trained - tokens.sampled_logp)[on_policy].abs().max().item()
+        print(f"streams, 3 turns with images: max |engine - training pass| = {gap:.2e}")
+        assert gap < 1e-5
+        assert torch.isnan(tokens.sampled_logp[tokens.response_mask.bool() & ~on_policy]).all()
+    finally:
+        policy.sampler.close()
+
+
 @pytest.mark.slow
 def test_the_tools_demo_learns_through_vllm(tmp_path, capsys):
     """`mmgrpo demo --task tools --set rollout.engine=vllm`: the calculator agent learns as with mmgrpo's own

@@ -104,6 +104,7 @@ class VLLMEngine:
         )
         self.start_seconds, self.version = started["seconds"], started["version"]
         self.pushes = 0
+        self.streams = True  # multi-turn rollouts send each episode's turns on their own (``submit``/``poll``)
         self.stale = (
             True  # the weights in memory may differ from the checkpoint it loaded (resume, warm start)
         )
@@ -175,6 +176,20 @@ class VLLMEngine:
             images=images,
         )
         return answer["rows"]
+
+    def submit(self, requests: list[dict]) -> None:
+        """Start requests that end on their own, one sample each: dicts with "id" (any picklable key),
+        "prompt" (ids), "images" (None or ``image_inputs``' entry), "max_tokens", "temperature", "top_p",
+        "top_k", "stop_ids". ``poll`` hands each back as it ends."""
+        if any(r.get("images") is not None for r in requests) and not self.images:
+            raise ConfigError("rollout.engine=vllm: images sent to an engine started for a text-only model")
+        self._ask(op="submit", requests=requests)
+
+    def poll(self, max_steps: int = 16) -> tuple[list[tuple[object, list[int], list[float]]], int]:
+        """The submitted requests that ended within ``max_steps`` engine steps (it returns as soon as one
+        ends): [(id, ids, log-probs)], and how many are still running."""
+        answer = self._ask(op="poll", max_steps=int(max_steps))
+        return answer["done"], answer["pending"]
 
     def push(self, model) -> float:
         """Send ``model``'s current weights to the engine (caches reset); returns the seconds it took."""

@@ -11,6 +11,8 @@ Messages are pickled dicts, each framed by its length (8 bytes, big-endian); the
     {"op": "generate", "prompts": [[ids]], "n": G, "max_tokens": K, "temperature": t, "top_p": p,
      "top_k": k, "stop_ids": [...], "images": [None | (features, grid)]}
                                                     -> {"rows": [(ids, logprobs)] (prompt b's at b*G..)}
+    {"op": "submit", "requests": [{"id", "prompt", "images", "max_tokens", ...}]}   (requests that run on their own)
+    {"op": "poll", "max_steps": k}                  -> {"done": [(id, ids, logprobs)], "pending": n}
     {"op": "update", "path": FOLDER}                -> the weights reloaded in place, caches reset
     {"op": "close"}
 Every answer is {"ok": True, ...} or {"ok": False, "error": "Type: message"}.
@@ -67,6 +69,7 @@ class Worker:
     def __init__(self) -> None:
         self.llm = None
         self.images = False
+        self.streams: dict[str, object] = {}  # vLLM's request id -> the client's, for submitted requests
 
     def start(
         self, model: str, dtype: str, max_model_len: int, kv_bytes: int, seed: int, images: bool = False
@@ -95,8 +98,6 @@ class Worker:
         return {"seconds": time.perf_counter() - t, "version": vllm.__version__}
 
     def generate(self, prompts, n, max_tokens, temperature, top_p, top_k, stop_ids, images=None) -> dict:
-        from vllm import SamplingParams
-
         images = images or [None] * len(prompts)
         if temperature <= 0 and n > 1:  # greedy takes one sample per request: the prompt n times instead
             prompts, images, n = (
@@ -104,20 +105,7 @@ class Worker:
                 [i for i in images for _ in range(n)],
                 1,
             )
-        params = SamplingParams(
-            n=n,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k if top_k > 0 else -1,
-            stop_token_ids=list(stop_ids),
-            ignore_eos=True,  # the stop ids are the client's: the tokenizer's eos is among them when it counts
-            logprobs=0,  # the sampled token's own log-prob
-            # no per-request seed: the CPU build's chunked prefill then rewinds a CPU generator, which it cannot
-            # ("CPU Generator does not use offset" kills the engine); the engine's seed makes runs repeatable
-            skip_special_tokens=False,
-            detokenize=False,
-        )
+        params = _params(n, max_tokens, temperature, top_p, top_k, stop_ids)
         outs = self.llm.generate(
             [_prompt(p, i) for p, i in zip(prompts, images, strict=True)], params, use_tqdm=False
         )
@@ -127,6 +115,39 @@ class Worker:
                 ids = list(o.token_ids)
                 rows.append((ids, [o.logprobs[j][t].logprob for j, t in enumerate(ids)]))
         return {"rows": rows}
+
+    def submit(self, requests) -> dict:
+        """Start requests that finish on their own (``poll`` returns each as it ends): each a dict with "id",
+        "prompt" (ids), "images" (None or features and grid), "max_tokens" and the sampling keys of
+        ``generate``; one sample each."""
+        prompts = [_prompt(r["prompt"], r.get("images")) for r in requests]
+        params = [
+            _params(1, r["max_tokens"], r["temperature"], r["top_p"], r["top_k"], r["stop_ids"])
+            for r in requests
+        ]
+        names = self.llm._add_completion_requests(prompts=prompts, params=params, use_tqdm=False)
+        for r, name in zip(requests, names, strict=True):
+            self.streams[_external(name)] = r["id"]  # outputs carry the id as given, without vLLM's suffix
+        return {}
+
+    def poll(self, max_steps: int = 16) -> dict:
+        """Step the engine until a submitted request ends (at most ``max_steps`` steps): the ended ones as
+        {"done": [(id, ids, logprobs)], "pending": n}."""
+        engine, done = self.llm.llm_engine, []
+        for _ in range(max_steps):
+            if not self.streams:
+                break
+            if not engine.has_unfinished_requests():
+                raise RuntimeError(f"{len(self.streams)} submitted requests were lost by the engine")
+            for out in engine.step():
+                if out.finished and out.request_id in self.streams:
+                    o = out.outputs[0]
+                    ids = list(o.token_ids)
+                    lps = [o.logprobs[j][t].logprob for j, t in enumerate(ids)]
+                    done.append((self.streams.pop(out.request_id), ids, lps))
+            if done:
+                break
+        return {"done": done, "pending": len(self.streams)}
 
     def update(self, path: str) -> dict:
         t = time.perf_counter()
@@ -138,6 +159,33 @@ class Worker:
             self.llm.reset_mm_cache()
             self.llm.llm_engine.reset_encoder_cache()
         return {"seconds": time.perf_counter() - t}
+
+
+def _external(name: str) -> str:
+    """The request id as given, from the one vLLM made of it (the given id, "-", 8 random characters)."""
+    head, _, tail = name.rpartition("-")
+    return head if head and len(tail) == 8 else name
+
+
+def _params(n, max_tokens, temperature, top_p, top_k, stop_ids):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=n,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k if top_k > 0 else -1,
+        stop_token_ids=list(stop_ids),
+        ignore_eos=True,  # the stop ids are the client's: the tokenizer's eos is among them when it counts
+        logprobs=0,  # the sampled token's own log-prob
+        # no per-request seed: the CPU build's chunked prefill then rewinds a CPU generator, which it cannot
+        # ("CPU Generator does not use offset" kills the engine); the engine's seed makes runs repeatable
+        skip_special_tokens=False,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,  # a request's output once, when it ends
+    )
 
 
 def _prompt(ids, images):

@@ -41,12 +41,15 @@ from typing import Any
 
 import torch
 
-from mmgrpo.env import ChatEnv, SingleTurnEnv, assistant, bare_prompt
+from mmgrpo.env import ChatEnv, SingleTurnEnv, bare_prompt
 from mmgrpo.errors import ConfigError, DataError, EnvError
 from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.model.policy import Policy
 from mmgrpo.model.turns import TurnDecoder, supported
+from mmgrpo.rollout.streams import run_streams
+from mmgrpo.rollout.turn_rules import append_env_turn, take_env_result, take_policy_turn
+from mmgrpo.rollout.turn_rules import turn_budget as next_budget
 from mmgrpo.verifier import Episode
 
 TRUNCATION_REASONS = ("max_new_tokens", "max_turns", "token_budget", "env")
@@ -221,130 +224,127 @@ def rollout(
     resp_images: list[list[VisionInputs]] = [[] for _ in range(N)]  # per row, the images of its env turns
     closed = [True] * N  # per row, whether its last turn ended at the end-of-turn token
 
-    # turn 1: one prompt encoding per group, G samples each
-    # a Policy subclass (or instance) that samples with its own generate: every turn goes through it
+    engine = getattr(policy, "sampler", None)
     own_sampler = getattr(policy.generate, "__func__", None) is not Policy.generate
-    decoder = None
-    sampled: list[list[float]] | None = None  # the sampler's log-probs of each live row's latest turn
-    in_process = not own_sampler and getattr(policy, "sampler", None) is None  # no vLLM (rollout.engine)
-    if kv_across_turns and max_turns > 1 and supported(policy) and in_process:
-        decoder = TurnDecoder(policy, temperature=temperature, top_p=top_p, top_k=top_k)
-        decoder.keep_logprobs = True
-        new_ids, finished = decoder.first(prompt_ids, prompt_mask, vision, G, max_new_tokens)
-        sampled = decoder.last_logprobs
-    else:
-        kw = {} if own_sampler else {"return_logprobs": True}
-        out = policy.generate(
+    if max_turns > 1 and not own_sampler and getattr(engine, "streams", False):
+        # each episode its own stream of requests to the engine: none waits for another's turn or tool
+        resp_images = run_streams(
+            policy,
+            envs,
+            trajs,
             prompt_ids,
             prompt_mask,
             vision,
+            tools,
+            step=_step,
+            pool=_step_pool(),
+            max_turns=max_turns,
             max_new_tokens=max_new_tokens,
+            budget=budget,
+            limit=limit,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
-            num_samples=G,
-            **kw,
         )
-        new_ids, finished, sampled = out if kw else (*out, None)
-    latest: dict[int, VisionInputs] = {}  # per live row, the images of its latest env turn
-    live = list(range(N))
-    while True:
-        # the policy's turn: keep the sampled ids as they are
-        texts = {}
-        for k, (i, ids, done) in enumerate(zip(live, new_ids, finished, strict=True)):
-            t = trajs[i]
-            t.response_ids += ids
-            t.loss_mask += [1] * len(ids)
-            if sampled is None or t.sampled_logp is None:
-                t.sampled_logp = None
-            else:
-                t.sampled_logp += sampled[k][: len(ids)]
-            t.turns += 1
-            texts[i] = policy.decode(ids)
-            closed[i] = bool(ids) and ids[-1] == policy.end_of_turn_id
-            t.completion = texts[i]
-            t.messages.append(assistant(texts[i]))
-            if not done:
-                t.truncated, t.truncation = True, "max_new_tokens"
-        # every live episode's env step at once (tools run inside, each with its own timeout)
-        stepping = [i for i in live if not trajs[i].truncated]
-        results = list(_step_pool().map(_step, [envs[i] for i in stepping], [texts[i] for i in stepping]))
-        going = []
-        for i, (obs, reward, terminated, env_truncated, info, error) in zip(stepping, results, strict=True):
-            t = trajs[i]
-            t.turn_rewards.append(reward)
-            t.env_error = error
-            t.tool_calls += int(info.get("tool_calls", 0))
-            for kind, n in (info.get("tool_failures") or {}).items():
-                t.tool_failures[kind] = t.tool_failures.get(kind, 0) + int(n)
-            for name, value in (info.get("metrics") or {}).items():
-                if isinstance(value, (int, float)):
-                    t.env_metrics[str(name)] = float(value)
-            if terminated or error is not None:
-                continue
-            if env_truncated:
-                t.truncated, t.truncation = True, "env"
-            elif t.turns >= max_turns:
-                t.truncated, t.truncation = True, "max_turns"
-            elif not obs:
-                t.truncated, t.truncation = True, "env"  # the env neither ended the episode nor answered
-            else:
-                going.append((i, obs))
-        # the env's turn: its messages appended as tokens (loss mask 0), images processed once
-        live = []
-        for i, obs in going:
-            t = trajs[i]
-            ids, new_vision = policy.encode_continuation(t.messages, obs, tools[t.group], closed=closed[i])
-            length = len(t.response_ids) + len(ids)  # the response with this env turn
-            too_long = limit is not None and prompt_lens[t.group] + length + max_new_tokens > limit
-            if length + 1 > budget or too_long:  # no room for the next turn: it ends here
-                t.truncated, t.truncation = True, "token_budget"
-                continue
-            t.messages += obs
-            t.response_ids += ids
-            t.loss_mask += [0] * len(ids)
-            if t.sampled_logp is not None:
-                t.sampled_logp += [float("nan")] * len(ids)
-            if not new_vision.empty:
-                resp_images[i].append(new_vision)
-            latest[i] = new_vision
-            live.append(i)
-        if not live:
-            break
-        turn_budget = [max(1, min(max_new_tokens, budget - len(trajs[i].response_ids))) for i in live]
-        if decoder is not None and decoder.can_continue([latest[i] for i in live]):
-            new_ids, finished = decoder.next(
-                live, [trajs[i].response_ids for i in live], [latest[i] for i in live], max(turn_budget)
-            )
+    else:
+        # turn 1: one prompt encoding per group, G samples each
+        # a Policy subclass (or instance) that samples with its own generate (own_sampler): every turn goes
+        # through it
+        decoder = None
+        sampled: list[list[float]] | None = None  # the sampler's log-probs of each live row's latest turn
+        in_process = not own_sampler and getattr(policy, "sampler", None) is None  # no vLLM (rollout.engine)
+        if kv_across_turns and max_turns > 1 and supported(policy) and in_process:
+            decoder = TurnDecoder(policy, temperature=temperature, top_p=top_p, top_k=top_k)
+            decoder.keep_logprobs = True
+            new_ids, finished = decoder.first(prompt_ids, prompt_mask, vision, G, max_new_tokens)
             sampled = decoder.last_logprobs
+        else:
+            kw = {} if own_sampler else {"return_logprobs": True}
+            out = policy.generate(
+                prompt_ids,
+                prompt_mask,
+                vision,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                num_samples=G,
+                **kw,
+            )
+            new_ids, finished, sampled = out if kw else (*out, None)
+        latest: dict[int, VisionInputs] = {}  # per live row, the images of its latest env turn
+        live = list(range(N))
+        while True:
+            # the policy's turn: keep the sampled ids as they are
+            texts = {}
+            for k, (i, ids, done) in enumerate(zip(live, new_ids, finished, strict=True)):
+                row_logprobs = None if sampled is None else sampled[k]
+                texts[i], closed[i] = take_policy_turn(policy, trajs[i], ids, done, row_logprobs)
+            # every live episode's env step at once (tools run inside, each with its own timeout)
+            stepping = [i for i in live if not trajs[i].truncated]
+            results = list(_step_pool().map(_step, [envs[i] for i in stepping], [texts[i] for i in stepping]))
+            going = []
+            for i, result in zip(stepping, results, strict=True):
+                obs = take_env_result(trajs[i], result, max_turns)
+                if obs is not None:
+                    going.append((i, obs))
+            # the env's turn: its messages appended as tokens (loss mask 0), images processed once
+            live = []
+            for i, obs in going:
+                t = trajs[i]
+                new_vision = append_env_turn(
+                    policy,
+                    t,
+                    obs,
+                    tools[t.group],
+                    closed=closed[i],
+                    prompt_len=prompt_lens[t.group],
+                    limit=limit,
+                    budget=budget,
+                    max_new_tokens=max_new_tokens,
+                )
+                if new_vision is None:
+                    continue
+                if not new_vision.empty:
+                    resp_images[i].append(new_vision)
+                latest[i] = new_vision
+                live.append(i)
+            if not live:
+                break
+            turn_budget = [next_budget(trajs[i], max_new_tokens, budget) for i in live]
+            if decoder is not None and decoder.can_continue([latest[i] for i in live]):
+                new_ids, finished = decoder.next(
+                    live, [trajs[i].response_ids for i in live], [latest[i] for i in live], max(turn_budget)
+                )
+                sampled = decoder.last_logprobs
+                _cut_to_budgets(new_ids, finished, turn_budget)
+                continue
+            decoder = None  # re-encoded from here on: a kept cache would miss this turn
+            # turn k: the live rows' whole sequences (prompt, then every turn so far), one sample each
+            seqs = [
+                _unpadded(prompt_ids[trajs[i].group], prompt_mask[trajs[i].group]) + trajs[i].response_ids
+                for i in live
+            ]
+            ids_k, mask_k = _pad_left(seqs, policy.pad_token_id)  # (n, L), each row + max_new_tokens <= limit
+            row_vision = VisionInputs.join(
+                vision.select([trajs[i].group for i in live]),
+                VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
+            )
+            kw = {} if own_sampler else {"return_logprobs": True}
+            out = policy.generate(
+                ids_k,
+                mask_k,
+                row_vision,
+                max_new_tokens=max(turn_budget),
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                num_samples=1,
+                use_hf_generate=False,
+                **kw,
+            )
+            new_ids, finished, sampled = out if kw else (*out, None)
             _cut_to_budgets(new_ids, finished, turn_budget)
-            continue
-        decoder = None  # re-encoded from here on: a kept cache would miss this turn
-        # turn k: the live rows' whole sequences (prompt, then every turn so far), one sample each
-        seqs = [
-            _unpadded(prompt_ids[trajs[i].group], prompt_mask[trajs[i].group]) + trajs[i].response_ids
-            for i in live
-        ]
-        ids_k, mask_k = _pad_left(seqs, policy.pad_token_id)  # (n, L), each row + max_new_tokens <= limit
-        row_vision = VisionInputs.join(
-            vision.select([trajs[i].group for i in live]),
-            VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
-        )
-        kw = {} if own_sampler else {"return_logprobs": True}
-        out = policy.generate(
-            ids_k,
-            mask_k,
-            row_vision,
-            max_new_tokens=max(turn_budget),
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            num_samples=1,
-            use_hf_generate=False,
-            **kw,
-        )
-        new_ids, finished, sampled = out if kw else (*out, None)
-        _cut_to_budgets(new_ids, finished, turn_budget)
 
     response_ids, response_mask = pad_right([t.response_ids for t in trajs], policy.pad_token_id)  # (N, T)
     loss_mask, _ = pad_right([t.loss_mask for t in trajs], 0)  # (N, T)

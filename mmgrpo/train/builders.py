@@ -118,7 +118,7 @@ def start_sampler(cfg: Config, out: Path, processes: int, model, processor=None)
 
     text = unwrap(model).config.get_text_config()
 
-    return VLLMEngine(
+    engine = VLLMEngine(
         cfg.require_model(),
         python=r.vllm_python or None,
         dtype="float32" if cfg.model.dtype == "float32" else "bfloat16",
@@ -131,6 +131,8 @@ def start_sampler(cfg: Config, out: Path, processes: int, model, processor=None)
         model=model,  # started from the weights in memory (a resumed or warm-started run's too)
         processor=processor,  # a vision-language engine loads the tokenizer and processor with the weights
     )
+    engine.streams = r.vllm_streams  # multi-turn episodes as request streams (mmgrpo.rollout.streams)
+    return engine
 
 
 def make_accelerator(*, cpu: bool, mixed_precision: str, log_with: list[str], project_dir: Path):
