@@ -127,3 +127,22 @@ def test_trains_from_a_yaml_alone_then_eval_states_the_success_rule(text_model_d
     result = json.loads((out / "final" / "eval.json").read_text())
     assert result["success_source"] == "verifier" and result["n"] == 4
     assert result["accuracy"] == result["success"] and 0.0 <= result["score"] <= 1.0
+
+
+@pytest.mark.slow
+def test_chain_sum_is_learnt_past_its_warm_start(tmp_path, capsys):
+    """examples/reasoning_gym_tiny.yaml through ``mmgrpo demo``: GRPO must add at least +0.05 held-out success
+    (reasoning-gym's score 1) over the cold start on 28 true examples. Measured after 400 steps: seed 0
+    0.030 -> 0.185, seed 1 0.060 -> 0.135 (2 to 4 min of GRPO on 2 cores); modest and noisy, see the
+    example's header."""
+    from mmgrpo.tiny.text import build_tiny_text_model
+
+    model = build_tiny_text_model(tmp_path / "tiny-text-model")
+    config = ROOT / "examples" / "reasoning_gym_tiny.yaml"
+    argv = ["demo", "--config", str(config), "--set", f"model.path={model}", "--out", str(tmp_path)]
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    with capsys.disabled():  # the demo's summary lines reach the CI log
+        print("\n".join(line for line in out.splitlines() if line.startswith(("demo:", "warm start:"))))
+    summary = json.loads((tmp_path / "run" / "demo.json").read_text())
+    assert summary["n"] == 200 and summary["after"] - summary["before"] >= 0.05, summary
