@@ -100,8 +100,6 @@ class Config(Section):
             "must be between 0 and 2**31 - 1 (numpy takes seeds below 2**32; each process adds its rank)",
         )
         self._require(bool(self.output_dir), "output_dir", "must be a directory path")
-        if self.rollout.engine == "vllm" and self.model.lora is not None:
-            raise FieldError("rollout.engine", "is 'vllm' with model.lora set: not supported yet; merge the adapter first")
         names = [v.name for v in self.verifiers]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup is not None:
