@@ -1,7 +1,8 @@
 """Generation through vLLM (mmgrpo.model.vllm_engine), on vLLM's CPU build in its own environment.
 
-These need the environment `mmgrpo vllm-env` makes. Without it they are skipped, saying so; `.ci/run` makes
-it and runs this file again with MMGRPO_REQUIRE_VLLM=1, where a missing environment is a failure. The tiny
+These need the environment `mmgrpo vllm-env` makes, and start an engine each (15-60 s), so the default test
+run skips them, saying so; `.ci/run` makes the environment and runs this file with MMGRPO_REQUIRE_VLLM=1,
+where a missing environment is a failure. The tiny
 text model (hidden 128, 4 heads of 32: a head size the CPU attention takes) is the model of the text_math
 demo.
 """
@@ -21,10 +22,10 @@ from mmgrpo.model.vllm_engine import VLLMEngine, default_venv
 
 def _python():
     python = default_venv() / "bin" / "python"
+    if os.environ.get("MMGRPO_REQUIRE_VLLM") != "1":  # each test starts an engine (15-60 s): not in the default run
+        pytest.skip("the vLLM tests run with MMGRPO_REQUIRE_VLLM=1 (.ci/run's vLLM step, after `mmgrpo vllm-env`)")
     if not python.exists():
-        if os.environ.get("MMGRPO_REQUIRE_VLLM") == "1":
-            pytest.fail(f"MMGRPO_REQUIRE_VLLM=1 and no vLLM environment at {python}: run `mmgrpo vllm-env`")
-        pytest.skip(f"no vLLM environment at {python} (`mmgrpo vllm-env` makes it; .ci/run runs these)")
+        pytest.fail(f"MMGRPO_REQUIRE_VLLM=1 and no vLLM environment at {python}: run `mmgrpo vllm-env`")
     return python
 
 
