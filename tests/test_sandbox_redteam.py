@@ -155,6 +155,46 @@ def test_native_code_from_the_stdlib_tree_or_the_system_cannot_be_loaded():
     assert "ptrace: -1 1" in text and "unshare: -1 1" in text, text  # EPERM from the filter
 
 
+def test_only_unix_and_ip_sockets_exist_and_no_executable_shared_memory():
+    """Issue 53: AF_VSOCK is not namespaced (sandbox and host share its ports; on a VM it reaches the
+    hypervisor), AF_NETLINK and AF_PACKET are kernel surfaces: socket() and socketpair() of any family but
+    AF_UNIX, AF_INET and AF_INET6 fail with EAFNOSUPPORT, whatever the register's upper bits. shmat with
+    SHM_EXEC (an RWX page: new native code), memfd_create and modify_ldt fail with EPERM."""
+    text, result = run(
+        """
+        import ctypes, socket
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        def call(*args):
+            ctypes.set_errno(0)
+            return libc.syscall(*args), ctypes.get_errno()
+        for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, 40, 16, 17, 0, 3, 9, 11, 255):
+            try:
+                socket.socket(family, socket.SOCK_DGRAM).close()
+                print("socket", family, "made")
+            except OSError as e:
+                print("socket", family, "errno", e.errno)
+        print("vsock upper bits", call(41, ctypes.c_uint64((1 << 32) | 40), 2, 0))
+        pair = (ctypes.c_int * 2)()
+        print("socketpair vsock", call(53, 40, 1, 0, pair), "unix", call(53, 1, 1, 0, pair)[0])
+        print("memfd_create", call(319, b"x", 0))
+        print("modify_ldt", call(154, 0, 0, 0))
+        shm = call(29, 0, 4096, 0o1600)[0]  # shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600)
+        print("shmat exec", call(30, shm, 0, 0o100000))  # SHM_EXEC
+        print("shmat plain", call(30, shm, 0, 0)[0] > 0)
+        """
+    )
+    lines = text.splitlines()
+    for family in (1, 2, 10):
+        assert f"socket {family} made" in lines, text
+    for family in (40, 16, 17, 0, 3, 9, 11, 255):  # VSOCK NETLINK PACKET UNSPEC AX25 ... RDS ...
+        assert f"socket {family} errno 97" in lines, text  # EAFNOSUPPORT
+    assert "vsock upper bits (-1, 97)" in lines, text
+    assert "socketpair vsock (-1, 97) unix 0" in lines, text
+    assert "memfd_create (-1, 1)" in lines and "modify_ldt (-1, 1)" in lines, text
+    assert "shmat exec (-1, 1)" in lines and "shmat plain True" in lines, text
+
+
 # ------------------------------------------------------------------------------------ root-owned files
 def test_nothing_is_root_inside_and_read_only_files_stay_read_only():
     text, result = run(

@@ -12,6 +12,11 @@ Two filters, both "allow everything except", each denied call failing with ``EPE
   kernel surfaces with a history of bugs (``bpf``, ``userfaultfd``, ``io_uring_*``, ``perf_event_open``,
   ``keyctl``, ``add_key``, ``request_key``), handles to files by inode (``open_by_handle_at``), and the
   machine's settings (modules, ``kexec``, ``reboot``, swap, clock, host name, ``acct``, ``quotactl``).
+  It also refuses ``memfd_create`` and ``modify_ldt`` (nothing the tool runs uses them), ``shmat`` with
+  ``SHM_EXEC`` (an executable shared page would be new native code), and ``socket``/``socketpair`` of any
+  family but ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (``EAFNOSUPPORT``): the network namespace is empty,
+  but ``AF_VSOCK`` is not namespaced (the way to the host and the hypervisor) and ``AF_NETLINK``,
+  ``AF_PACKET`` and the rest are kernel surfaces the code never needs.
   System calls of another architecture (32-bit ``int 0x80`` on x86-64) kill the process.
 - ``inner_filter()``: loaded by the sandbox's bootstrap on itself once the interpreter is up (its
   extension modules loaded), before the code runs: no ``execve``/``execveat`` (no other program can be
@@ -46,14 +51,21 @@ OUTER_DENY = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon",
     "swapoff", "acct", "quotactl", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "sethostname", "setdomainname", "iopl", "ioperm", "vhangup",
+    # new native code, old kernel surfaces
+    "memfd_create", "modify_ldt",
 )  # fmt: skip
 """System calls the outer filter refuses (names unknown on this architecture are skipped)."""
 NAMESPACE_FLAGS = 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00020000
 """CLONE_NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWNS: a ``clone`` asking for any is refused."""
 INNER_DENY = ("execve", "execveat")
 PROT_EXEC = 0x4
+SHM_EXEC = 0o100000
+SOCKET_FAMILIES = (1, 2, 10)
+"""AF_UNIX, AF_INET, AF_INET6: the only ``socket``/``socketpair`` domains the outer filter allows."""
 
 _ALLOW = 0x7FFF0000
+_CMP_EQ = 4
+_CMP_GE = 5
 _CMP_MASKED_EQ = 7
 
 
@@ -99,10 +111,11 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def _compile(rules: list[tuple[str, int, list[tuple[int, int]]]]) -> bytes:
+def _compile(rules: list[tuple[str, int, list[tuple]]]) -> bytes:
     """BPF bytes of a default-allow filter with ``rules``: (system call, action, [(arg index, mask)...]),
     a rule matching when every listed argument has a bit of its mask set (``arg & mask == mask`` for a
-    one-bit mask; multi-bit masks are split into one rule per bit)."""
+    one-bit mask; multi-bit masks are split into one rule per bit). An entry (arg index, "==" or ">=",
+    value) instead matches when the argument compares so with the value (one rule of its own)."""
     lib = _lib()
     ctx = lib.seccomp_init(_ALLOW)
     if not ctx:
@@ -115,7 +128,11 @@ def _compile(rules: list[tuple[str, int, list[tuple[int, int]]]]) -> bytes:
             if not args:
                 _add(lib, ctx, action, nr, [])
                 continue
-            for index, mask in args:
+            for index, mask, *value in args:
+                if value:
+                    op = _CMP_EQ if mask == "==" else _CMP_GE
+                    _add(lib, ctx, action, nr, [_ArgCmp(index, op, value[0], 0)])
+                    continue
                 for bit in range(64):
                     if mask >> bit & 1:
                         _add(lib, ctx, action, nr, [_ArgCmp(index, _CMP_MASKED_EQ, 1 << bit, 1 << bit)])
@@ -149,6 +166,11 @@ def outer_filter() -> bytes:
     rules = [(name, eperm, []) for name in OUTER_DENY]
     rules.append(("clone3", _errno_action(errno.ENOSYS), []))
     rules.append(("clone", eperm, [(0, NAMESPACE_FLAGS)]))
+    rules.append(("shmat", eperm, [(2, SHM_EXEC)]))
+    # every domain but 1, 2 and 10, as a 64-bit register: 0, 3..9, and >= 11 (upper bits set included)
+    others = [(0, "==", n) for n in range(SOCKET_FAMILIES[-1]) if n not in SOCKET_FAMILIES]
+    others.append((0, ">=", SOCKET_FAMILIES[-1] + 1))
+    rules += [(name, _errno_action(errno.EAFNOSUPPORT), others) for name in ("socket", "socketpair")]
     return _compile(rules)
 
 
