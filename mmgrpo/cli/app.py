@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(fn=cmd_sft)
 
-    sp = sub.add_parser("eval", help="accuracy on held-out episodes; writes eval.json next to the model")
+    sp = sub.add_parser(
+        "eval", help="mean score and success rate on held-out episodes; writes eval.json next to the model"
+    )
     with_config(sp)
     sp.add_argument("--model", required=True, help="model directory (e.g. runs/x/final) or hub id")
     sp.add_argument("-n", type=_positive, default=None, help="episodes (default: eval.episodes)")

@@ -544,7 +544,7 @@ class EvalConfig(Section):
     seed_offset: int = 0
     """Added to the task seeds, to evaluate on a different set of eval tasks."""
     metric: str = ""
-    """Verifier whose score (>= 0.5 counts as correct) is the accuracy; empty = the first verifier listed."""
+    """Score verifier (empty = the first); success: the env's or verifier's stated rule, else score >= 0.5."""
 
     @property
     def greedy(self) -> bool:
