@@ -155,6 +155,61 @@ def test_native_code_from_the_stdlib_tree_or_the_system_cannot_be_loaded():
     assert "ptrace: -1 1" in text and "unshare: -1 1" in text, text  # EPERM from the filter
 
 
+@pytest.fixture(params=["cgroup", "no cgroup"])
+def cgroup_mode(request, monkeypatch):
+    """Issue 53's attacks run both ways: with the run's cgroup (root here) and without one (what a non-root
+    trainer without a delegated subtree gets: cgroups.create returns None)."""
+    if request.param == "no cgroup":
+        monkeypatch.setattr(cgroups, "create", lambda *a, **k: None)
+    return request.param
+
+
+def test_pid_1_and_the_code_s_own_memory_cannot_be_written_through_proc(cgroup_mode):
+    """Issue 53: bwrap's init (pid 1) had the code's uid and was dumpable, so the code opened /proc/1/mem
+    read-write and wrote machine code at its wait4 return: a process outside the inner filter and the
+    rlimits, outliving the call without a cgroup. Now pid 1 is the bootstrap itself (--as-pid-1), made
+    non-dumpable before it forks the code, with the code's filters and limits: /proc/1/mem and the code's
+    own /proc/self/mem (native code written into libc's text) cannot be opened (EACCES), and
+    PR_SET_DUMPABLE cannot be turned back on (EPERM)."""
+    text, result = run(
+        """
+        import ctypes, os
+        def try_open(path, flags):
+            try:
+                fd = os.open(path, flags)
+            except OSError as e:
+                return e.errno
+            try:
+                os.pwrite(fd, b"\\xcc", 0x400000)
+                return "WRITTEN"
+            except OSError as e:
+                return "opened, write errno %d" % e.errno
+        print("pid", os.getpid())
+        print("pid 1 mem rw", try_open("/proc/1/mem", os.O_RDWR))
+        print("pid 1 mem wo", try_open("/proc/1/mem", os.O_WRONLY))
+        print("self mem rw", try_open("/proc/self/mem", os.O_RDWR))
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("dumpable on", libc.prctl(4, 1, 0, 0, 0), ctypes.get_errno())
+        print("self mem rw again", try_open("/proc/self/mem", os.O_RDWR))
+        def field(pid, name):
+            return [l.split()[-1] for l in open(f"/proc/{pid}/status") if l.startswith(name)][0]
+        print("filters", field(1, "Seccomp_filters"), field("self", "Seccomp_filters"))
+        cpu = lambda pid: [l for l in open(f"/proc/{pid}/limits") if l.startswith("Max cpu time")][0]
+        print("same cpu limit", cpu(1) == cpu("self"), "unlimited" not in cpu(1))
+        print("pid 1 is", open("/proc/1/cmdline", "rb").read().split(b"\\0")[0].decode())
+        """
+    )
+    lines = text.splitlines()
+    assert "pid 2" in lines, text  # the code is pid 2, its parent the bootstrap
+    for what in ("pid 1 mem rw", "pid 1 mem wo", "self mem rw", "self mem rw again"):
+        assert f"{what} 13" in lines, text  # EACCES
+    assert "dumpable on -1 1" in lines, text  # EPERM from the inner filter
+    assert "filters 2 2" in lines, text  # the outer and the inner filter, on pid 1 too
+    assert "same cpu limit True True" in lines, text
+    assert "bwrap" not in text.split("pid 1 is")[1], text
+    assert result.returncode == 0, text
+
+
 def test_only_unix_and_ip_sockets_exist_and_no_executable_shared_memory():
     """Issue 53: AF_VSOCK is not namespaced (sandbox and host share its ports; on a VM it reaches the
     hypervisor), AF_NETLINK and AF_PACKET are kernel surfaces: socket() and socketpair() of any family but

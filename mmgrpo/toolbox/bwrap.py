@@ -20,7 +20,8 @@ missing, no interpreter the sandbox user may read. ``Boundary.command(...)`` is 
   with the namespace (nothing is written on the host's disk, so there is nothing to clean up). No
   ``/etc``, ``/home``, ``/root``, ``/tmp`` or project folder exists inside.
 - **life**: ``--die-with-parent`` (SIGKILL when bwrap or the trainer dies), a new session (no terminal),
-  and bwrap's pid 1 takes every process of the namespace with it when the code's process ends.
+  and ``--as-pid-1``: the namespace's pid 1 is the sandbox's own bootstrap (not bwrap's init, which would be
+  dumpable and unfiltered), which takes every process of the namespace with it when the code's process ends.
 - **system calls**: the outer seccomp filter of :mod:`mmgrpo.toolbox.seccomp` (no ptrace, pidfd, mount,
   namespaces, bpf, keyctl, io_uring, ...).
 """
@@ -65,6 +66,7 @@ class Boundary:
         program is copied from ``code_fd`` to /sandbox/main.py and the outer filter read from ``seccomp_fd``."""
         argv = [
             self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--as-pid-1",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr",
         ]  # fmt: skip

@@ -116,7 +116,7 @@ def _run_bwrap(
     args = [
         "-I", "-S", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP, bwrap.WORKDIR, f"{bwrap.WORKDIR}/main.py",
         str(cpu), str(memory), str(int(file_size_mb) << 20), str(nproc), str(int(max_open_files)),
-        str(int(audit_guard)), "-1", ",".join(modules_to_preload(code)), inner.hex(),
+        str(int(audit_guard)), "-2", ",".join(modules_to_preload(code)), inner.hex(),
     ]  # fmt: skip
     code_fd, filter_fd = bwrap.memfd(code.encode("utf-8", errors="surrogatepass")), bwrap.memfd(outer)
     argv = boundary.command(code_fd=code_fd, seccomp_fd=filter_fd, disk_bytes=disk, args=args)

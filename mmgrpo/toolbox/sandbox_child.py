@@ -9,7 +9,10 @@ a Python audit hook (``sys.addaudithook``, the guard) and runs the code as ``__m
 sockets, new processes, ``ctypes``, writes outside the working directory and reads outside it and the
 standard library with a ``PermissionError`` that the code (and so the model) sees. It is a guard against
 ordinary code, not a security boundary against code written to get around it. In a new pid namespace the
-bootstrap stays as the namespace's init and reports the code's wait status to the parent.
+bootstrap stays as the namespace's init and reports the code's wait status to the parent. Under bubblewrap
+(``--as-pid-1``, status_fd -2) it is the namespace's init itself: it sets the limits, makes itself
+non-dumpable and loads the inner filter first, then forks the code's process, so that pid 1 has the same
+limits and filters as the code and its ``/proc/1/mem`` cannot be opened for writing by anything inside.
 
 The limits are set by the child itself (the first lines of the bootstrap) rather than in a ``preexec_fn``:
 ``preexec_fn`` is not safe when the parent has threads, and the tool runner calls tools from threads.
@@ -188,7 +191,7 @@ def _main():
     cpu, mem, fsize, nproc, nofile, guard, status_fd = (int(x) for x in sys.argv[3:10])
     preload = [m for m in sys.argv[10].split(",") if m]
     inner_filter = bytes.fromhex(sys.argv[11]) if len(sys.argv) > 11 else b""
-    if status_fd >= 0:  # pid 1 of a new pid namespace: stay as its init, run the code in a child
+    if status_fd >= 0:  # pid 1 of unshare's pid namespace: stay as its init, run the code in a child
         child = os.fork()
         if child:
             os.close(0)
@@ -238,10 +241,27 @@ def _main():
         code_buf = ctypes.create_string_buffer(inner_filter, len(inner_filter))
         prog = Program(len(inner_filter) // 8, ctypes.cast(code_buf, ctypes.c_void_p))
         libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (bubblewrap set it already)
+        # not dumpable: this process's /proc files (mem above all) belong to the host's root, which is no
+        # one inside, so neither the code nor another process of the sandbox can open them for writing;
+        # fork keeps it, execve is refused, and the inner filter refuses PR_SET_DUMPABLE from here on
+        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+            sys.stderr.write("sandbox: the process could not be made non-dumpable\n")
+            os._exit(EXIT_SETUP)
         if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
             sys.stderr.write("sandbox: the inner seccomp filter could not be loaded\n")
             os._exit(EXIT_SETUP)
         del Program, libc, code_buf, prog
+    if status_fd == -2:  # pid 1 under bwrap --as-pid-1: limits and filters set, stay as init, code in a child
+        child = os.fork()
+        if child:
+            os.close(0)
+            while True:  # reap everything; when the code's process ends, exit as it did (bwrap passes it on)
+                try:
+                    pid, status = os.waitpid(-1, 0)
+                except ChildProcessError:
+                    os._exit(1)
+                if pid == child:  # init exits: the kernel kills whatever is left in the namespace
+                    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
     sys.argv = ["main.py"]
     sys.stdin = io.StringIO()
     if guard:

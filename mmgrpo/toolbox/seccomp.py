@@ -23,7 +23,8 @@ Two filters, both "allow everything except", each denied call failing with ``EPE
   started) and no ``mmap``/``mprotect``/``pkey_mprotect`` asking for ``PROT_EXEC`` (no new native code
   can be mapped: not a shared object written into the working directory, not one from the standard
   library tree). This is what a ``noexec`` working directory would give, and more: bubblewrap 0.8 cannot
-  mount its tmpfs ``noexec``.
+  mount its tmpfs ``noexec``. No ``prctl(PR_SET_DUMPABLE)``: the bootstrap made itself non-dumpable just
+  before (its ``/proc/<pid>/mem`` cannot be opened for writing), and the code cannot undo it.
 
 Filters are compiled once per process and passed as bytes (classic BPF, ``struct sock_filter`` records).
 """
@@ -59,6 +60,7 @@ NAMESPACE_FLAGS = 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
 """CLONE_NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWNS: a ``clone`` asking for any is refused."""
 INNER_DENY = ("execve", "execveat")
 PROT_EXEC = 0x4
+PR_SET_DUMPABLE = 4
 SHM_EXEC = 0o100000
 SOCKET_FAMILIES = (1, 2, 10)
 """AF_UNIX, AF_INET, AF_INET6: the only ``socket``/``socketpair`` domains the outer filter allows."""
@@ -180,6 +182,7 @@ def inner_filter() -> bytes:
     eperm = _errno_action(errno.EPERM)
     rules = [(name, eperm, []) for name in INNER_DENY]
     rules += [(name, eperm, [(2, PROT_EXEC)]) for name in ("mmap", "mprotect", "pkey_mprotect")]
+    rules.append(("prctl", eperm, [(0, "==", PR_SET_DUMPABLE)]))  # the bootstrap made itself non-dumpable
     return _compile(rules)
 
 
