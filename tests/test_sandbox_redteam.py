@@ -210,6 +210,46 @@ def test_pid_1_and_the_code_s_own_memory_cannot_be_written_through_proc(cgroup_m
     assert result.returncode == 0, text
 
 
+def test_everything_writable_together_is_bounded_by_disk_mb(cgroup_mode):
+    """Issue 53: / and /dev were tmpfs of no size, so without a cgroup one call wrote 1200 MB of host RAM
+    against memory_mb 256 + disk_mb 64. Now / , /dev and the hiding tmpfs are read-only (EROFS, also after
+    a chmod by their owner) and the two writable mounts, /sandbox and /dev/shm, are sized: together they
+    take disk_mb and no more (ENOSPC), with or without a cgroup."""
+    text, result = run(
+        """
+        import os
+        chunk = b"x" * (256 << 10)
+        total = 0
+        for folder in ("/sandbox", "/dev/shm", "/", "/dev", "/usr/lib", "/proc"):
+            try:
+                os.chmod(folder, 0o777)
+            except OSError:
+                pass
+            i, why = 0, None
+            while why is None and total < 64 << 20:
+                try:
+                    with open(f"{folder.rstrip('/')}/fill{i}", "wb") as f:
+                        f.write(chunk)
+                    total += len(chunk)
+                    i += 1
+                except OSError as e:
+                    why = e.errno
+            print(folder, i, why)
+        print("total MiB", total / (1 << 20))
+        """,
+        disk_mb=8,
+        file_size_mb=1,
+    )
+    lines = text.splitlines()
+    written = dict((line.split()[0], line.split()[1:]) for line in lines if line.startswith("/"))
+    assert written["/sandbox"][1] == "28" and written["/dev/shm"][1] == "28", text  # ENOSPC
+    for folder in ("/", "/dev", "/usr/lib"):
+        assert written[folder] == ["0", "30"], text  # EROFS
+    assert written["/proc"][0] == "0", text
+    assert float(lines[-1].split()[-1]) <= 8, text
+    assert int(written["/sandbox"][0]) >= 20, text  # most of it is the working directory's
+
+
 def test_only_unix_and_ip_sockets_exist_and_no_executable_shared_memory():
     """Issue 53: AF_VSOCK is not namespaced (sandbox and host share its ports; on a VM it reaches the
     hypervisor), AF_NETLINK and AF_PACKET are kernel surfaces: socket() and socketpair() of any family but

@@ -16,8 +16,10 @@ missing, no interpreter the sandbox user may read. ``Boundary.command(...)`` is 
   seccomp filter), the interpreter's prefix read-only when it lives elsewhere, with every ``site-packages``
   and ``dist-packages`` folder covered by an empty tmpfs (only the standard library can be imported);
   a fresh ``/proc`` (the sandbox's own processes only) and a minimal ``/dev`` (null, zero, random, a private
-  ``/dev/shm``); the working directory ``/sandbox``, a tmpfs of ``disk_mb``, writable, which disappears
-  with the namespace (nothing is written on the host's disk, so there is nothing to clean up). No
+  ``/dev/shm``, a tmpfs of :func:`shm_bytes`); the working directory ``/sandbox``, a tmpfs of the rest of
+  ``disk_mb``, writable, which disappears with the namespace (nothing is written on the host's disk, so
+  there is nothing to clean up). These two are the only writable mounts, sized with or without a cgroup:
+  the root's tmpfs, ``/dev`` and the hiding tmpfs are remounted read-only. No
   ``/etc``, ``/home``, ``/root``, ``/tmp`` or project folder exists inside.
 - **life**: ``--die-with-parent`` (SIGKILL when bwrap or the trainer dies), a new session (no terminal),
   and ``--as-pid-1``: the namespace's pid 1 is the sandbox's own bootstrap (not bwrap's init, which would be
@@ -77,10 +79,17 @@ class Boundary:
                 argv += ["--ro-bind", prefix, prefix]
         for folder in self.interpreter.package_dirs:
             argv += ["--perms", "0555", "--tmpfs", folder]
+        shm = shm_bytes(disk_bytes)
         argv += [
-            "--proc", "/proc", "--dev", "/dev",
-            "--size", str(disk_bytes), "--perms", "0700", "--tmpfs", WORKDIR, "--chdir", WORKDIR,
+            "--proc", "/proc", "--dev", "/dev", "--size", str(shm), "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--size", str(disk_bytes - shm), "--perms", "0700", "--tmpfs", WORKDIR, "--chdir", WORKDIR,
             "--file", str(code_fd), f"{WORKDIR}/main.py",
+        ]  # fmt: skip
+        # every other writable mount read-only, last (bwrap runs these in order): the root's and /dev's
+        # tmpfs have no size, and the hiding tmpfs' owner (the sandbox's uid) could chmod them writable
+        for folder in ("/", "/dev", *self.interpreter.package_dirs):
+            argv += ["--remount-ro", folder]
+        argv += [
             "--seccomp", str(seccomp_fd),
             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORKDIR,
             "--setenv", "TMPDIR", WORKDIR, "--setenv", "LANG", "C.UTF-8",
@@ -98,6 +107,12 @@ class Boundary:
                 *argv,
             ]
         return argv
+
+
+def shm_bytes(disk_bytes: int) -> int:
+    """The size of the sandbox's ``/dev/shm``: an eighth of the disk budget, at most 16 MiB, whole pages; the
+    working directory gets the rest, so that everything the code can write is ``disk_bytes`` together."""
+    return max(4096, min(disk_bytes // 8, 16 << 20) // 4096 * 4096)
 
 
 class Unavailable(RuntimeError):
