@@ -290,6 +290,28 @@ def test_only_unix_and_ip_sockets_exist_and_no_executable_shared_memory():
     assert "shmat exec (-1, 1)" in lines and "shmat plain True" in lines, text
 
 
+def test_terminal_escapes_in_output_are_shown_not_run():
+    """Issue 53: OSC 0 (window title), OSC 52 (clipboard), OSC 8 (hidden link), CSI (clear screen), C1 and a
+    carriage return printed by the code reached observations, transcripts and terminals as they were. The
+    observation, through the ToolRunner, holds them as visible escapes; newlines, tabs and other scripts
+    stay as they are."""
+    code = (
+        "import sys\n"
+        "print('\\x1b]0;owned\\x07 \\x1b]52;c;ZWNobyBwd25lZA==\\x07 \\x1b]8;;http://evil\\x1b\\\\link')\n"
+        "print('\\x1b[2J\\rover \\x9b31m \\x00 \\u202eevil\\tok Ω 🙂')\n"
+        "sys.stderr.write('\\x1b]52;c;Zm9v\\x07\\n')\n"
+    )
+    runner = ToolRunner([make_python_tool(audit_guard=False)])
+    call = json.dumps({"name": "python", "arguments": {"code": code}})
+    (result,) = runner.run(f"<tool_call>{call}</tool_call>")
+    text = result.content[0]["text"]
+    assert not any(ord(c) < 32 and c not in "\n\t" or 0x7F <= ord(c) < 0xA0 for c in text), repr(text)
+    assert "\u202e" not in text, repr(text)
+    assert "\\x1b]0;owned\\x07" in text and "\\x1b]52;c;ZWNobyBwd25lZA==\\x07" in text, text
+    assert "\\x1b]8;;http://evil\\x1b\\link" in text and "\\x1b[2J\\x0dover \\x9b31m \\x00" in text, text
+    assert "\\u202eevil\tok Ω 🙂" in text and "stderr:\n\\x1b]52;c;Zm9v\\x07" in text, text
+
+
 # ------------------------------------------------------------------------------------ root-owned files
 def test_nothing_is_root_inside_and_read_only_files_stay_read_only():
     text, result = run(

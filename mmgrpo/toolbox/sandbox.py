@@ -25,6 +25,7 @@ from mmgrpo.toolbox import bwrap, cgroups, seccomp
 from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
 from mmgrpo.toolbox.sandbox_weak import isolation_level, namespaces_available, run_weak
 from mmgrpo.toolbox.supervise import KILL_OUTPUT_BYTES, SandboxResult, finished, signal_reason, supervise
+from mmgrpo.toolbox.visible import visible
 
 __all__ = [
     "LIMIT_NAMES",
@@ -277,7 +278,8 @@ def _say_weak(name: str) -> None:
 
 def format_result(result: SandboxResult, max_chars: int = 2000) -> str:
     """The text the model sees: stdout, then ``stderr:`` and stderr, then one line saying why the program was
-    stopped, or its exit status when it failed; about ``max_chars`` characters at most."""
+    stopped, or its exit status when it failed; about ``max_chars`` characters at most. Control characters
+    the program printed are shown as escapes (:func:`mmgrpo.toolbox.visible.visible`)."""
     notes = []
     if result.killed_reason is not None:
         notes.append(f"error: the program was stopped: {_explain(result)}")
@@ -285,8 +287,8 @@ def format_result(result: SandboxResult, max_chars: int = 2000) -> str:
         notes.append(f"(exit status {result.returncode})")
     # the end of stderr (where the error is) gets half the room when there is output too, all of it otherwise
     room = max(100, max_chars - sum(len(n) + 1 for n in notes) - 80)
-    stdout, stdout_cut = result.stdout, result.stdout_cut
-    stderr, stderr_cut = result.stderr, result.stderr_cut
+    stdout, stdout_cut = visible(result.stdout), result.stdout_cut  # escapes shown, not run by a terminal
+    stderr, stderr_cut = visible(result.stderr), result.stderr_cut
     stderr_room = max(room // 2, room - len(stdout))
     if len(stderr) > stderr_room:
         stderr_cut += len(stderr) - stderr_room
