@@ -11,8 +11,9 @@ standard library with a ``PermissionError`` that the code (and so the model) see
 ordinary code, not a security boundary against code written to get around it. In a new pid namespace the
 bootstrap stays as the namespace's init and reports the code's wait status to the parent. Under bubblewrap
 (``--as-pid-1``, status_fd -2) it is the namespace's init itself: it sets the limits, makes itself
-non-dumpable and loads the inner filter first, then forks the code's process, so that pid 1 has the same
-limits and filters as the code and its ``/proc/1/mem`` cannot be opened for writing by anything inside.
+non-dumpable, forks the code's process and loads the inner filter on itself (the child loads it after its
+imports, and waits for pid 1 before the code starts), so that pid 1 has the same limits and filters as the
+code and its ``/proc/1/mem`` cannot be opened for writing by anything inside.
 
 The limits are set by the child itself (the first lines of the bootstrap) rather than in a ``preexec_fn``:
 ``preexec_fn`` is not safe when the parent has threads, and the tool runner calls tools from threads.
@@ -185,6 +186,31 @@ def install(sys, workdir, read_roots, deny_imports, lstat, readlink, getcwd, get
 '''
 
 BOOTSTRAP = r"""
+def _harden(sys, os, inner_filter):
+    '''Make this process non-dumpable and return the function that loads the inner filter. Not dumpable: the process's /proc files (mem above all) belong to the host's root, which
+    is no one inside, so neither the code nor another process of the sandbox can open them for writing;
+    fork keeps it, execve is refused, and the inner filter refuses PR_SET_DUMPABLE.'''
+    import ctypes
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    code_buf = ctypes.create_string_buffer(inner_filter, len(inner_filter))
+    prog = Program(len(inner_filter) // 8, ctypes.cast(code_buf, ctypes.c_void_p))
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (bubblewrap set it already)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        sys.stderr.write("sandbox: the process could not be made non-dumpable\n")
+        os._exit(EXIT_SETUP)
+
+    def seal():  # no execve, no PROT_EXEC mappings from here on (mmgrpo.toolbox.seccomp.inner_filter)
+        if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            sys.stderr.write("sandbox: the inner seccomp filter could not be loaded\n")
+            os._exit(EXIT_SETUP)
+
+    return seal
+
+
 def _main():
     import sys, os, io, resource, builtins, posix
     workdir, source_path = sys.argv[1:3]
@@ -224,37 +250,17 @@ def _main():
     limit(R.RLIMIT_NOFILE, nofile)
     limit(R.RLIMIT_CORE, 0)
     limit(R.RLIMIT_NPROC, nproc)
-    if preload:  # the modules the code imports, now: once the inner filter is on, no native code can be mapped
-        import importlib
-        for name in preload:
-            try:
-                importlib.import_module(name)
-            except BaseException:
-                pass
-    if inner_filter:  # no execve, no PROT_EXEC mappings from here on (mmgrpo.toolbox.seccomp.inner_filter)
-        import ctypes
-
-        class Program(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        code_buf = ctypes.create_string_buffer(inner_filter, len(inner_filter))
-        prog = Program(len(inner_filter) // 8, ctypes.cast(code_buf, ctypes.c_void_p))
-        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (bubblewrap set it already)
-        # not dumpable: this process's /proc files (mem above all) belong to the host's root, which is no
-        # one inside, so neither the code nor another process of the sandbox can open them for writing;
-        # fork keeps it, execve is refused, and the inner filter refuses PR_SET_DUMPABLE from here on
-        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
-            sys.stderr.write("sandbox: the process could not be made non-dumpable\n")
-            os._exit(EXIT_SETUP)
-        if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-            sys.stderr.write("sandbox: the inner seccomp filter could not be loaded\n")
-            os._exit(EXIT_SETUP)
-        del Program, libc, code_buf, prog
-    if status_fd == -2:  # pid 1 under bwrap --as-pid-1: limits and filters set, stay as init, code in a child
+    seal = _harden(sys, os, inner_filter) if inner_filter else None  # not dumpable from here on
+    sealed_r = sealed_w = -1
+    if status_fd == -2:  # pid 1 under bwrap --as-pid-1: stay as init, run the code in a child
+        sealed_r, sealed_w = os.pipe()
         child = os.fork()
         if child:
+            os.close(sealed_r)
             os.close(0)
+            if seal is not None:
+                seal()  # pid 1 has the code's inner filter too
+            os.close(sealed_w)  # the code may start now
             while True:  # reap everything; when the code's process ends, exit as it did (bwrap passes it on)
                 try:
                     pid, status = os.waitpid(-1, 0)
@@ -262,6 +268,20 @@ def _main():
                     os._exit(1)
                 if pid == child:  # init exits: the kernel kills whatever is left in the namespace
                     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+        os.close(sealed_w)
+    if preload:  # the modules the code imports, now: once the inner filter is on, no native code can be mapped
+        import importlib
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                pass
+    if seal is not None:
+        seal()
+        del seal
+    if sealed_r >= 0:  # wait until pid 1 is sealed too (its end of the pipe closed)
+        os.read(sealed_r, 1)
+        os.close(sealed_r)
     sys.argv = ["main.py"]
     sys.stdin = io.StringIO()
     if guard:

@@ -66,6 +66,7 @@ SOCKET_FAMILIES = (1, 2, 10)
 """AF_UNIX, AF_INET, AF_INET6: the only ``socket``/``socketpair`` domains the outer filter allows."""
 
 _ALLOW = 0x7FFF0000
+_ATTR_OPTIMIZE = 8  # SCMP_FLTATR_CTL_OPTIMIZE
 _CMP_EQ = 4
 _CMP_GE = 5
 _CMP_MASKED_EQ = 7
@@ -110,6 +111,7 @@ def _lib() -> ctypes.CDLL:
         ctypes.POINTER(_ArgCmp),
     ]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
     return lib
 
 
@@ -123,6 +125,8 @@ def _compile(rules: list[tuple[str, int, list[tuple]]]) -> bytes:
     if not ctx:
         raise SeccompUnavailable("seccomp_init failed")
     try:
+        # a binary tree of system call numbers instead of a list (libseccomp >= 2.5; older ones keep the list)
+        lib.seccomp_attr_set(ctx, _ATTR_OPTIMIZE, 2)
         for name, action, args in rules:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
             if nr < 0:
