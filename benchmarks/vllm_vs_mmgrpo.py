@@ -12,7 +12,8 @@ medians' tokens per second and their ratio.
 ``tools-step``: ``--steps`` GRPO steps of ``examples/tools_math_tiny.yaml`` (or ``--config``) on a model that
 has learnt the tools task (two-turn episodes), once per variant, alternated twice: mmgrpo's engine, vLLM with
 every live episode advancing one turn at a time, and vLLM with each episode its own request stream
-(``rollout.vllm_streams``); the median step time, its rollout part, and the ratios. One trainer process and one thread for mmgrpo (OMP_NUM_THREADS=1); vLLM's engine process adds its
+(``rollout.vllm_streams``); the median step time, its rollout part, and the ratios,
+and a picture of the three (``$MMGRPO_BENCH_PNG``, default ``vllm_vs_mmgrpo_step.png``). One trainer process and one thread for mmgrpo (OMP_NUM_THREADS=1); vLLM's engine process adds its
 own (VLLM_CPU_OMP_THREADS_BIND=nobind), so it has the machine's second core where mmgrpo has none: the figure
 is what a user of a 2-core machine gets, not a per-core comparison.
 
@@ -107,9 +108,27 @@ VARIANTS = {  # name: the --set lines that pick it
 }
 
 
-def tools_step(model: str, steps: int, config: str, extra: list[str]) -> None:
+def slow_tools(latency: float) -> str:
+    """Register ``tool_math_slow``: the tools demo's env whose every step waits ``latency`` seconds first, as a
+    tool served by another machine would; returns the env's name."""
+    from mmgrpo.envs.tool_math import ToolMathEnv
+    from mmgrpo.registry import register_env
+
+    class SlowTools(ToolMathEnv):
+        def step(self, action):
+            time.sleep(latency)
+            return super().step(action)
+
+    register_env("tool_math_slow", SlowTools, overwrite=True)
+    return "tool_math_slow"
+
+
+def tools_step(model: str, steps: int, config: str, extra: list[str], latency: float = 0.0) -> None:
     from mmgrpo.config.core import load_config
     from mmgrpo.train.trainer import Trainer
+
+    if latency > 0:
+        extra = [*extra, f"env.name={slow_tools(latency)}"]
 
     root = Path(__file__).resolve().parents[1]
     results: dict[str, list] = {name: [] for name in VARIANTS}
@@ -138,12 +157,37 @@ def tools_step(model: str, steps: int, config: str, extra: list[str]) -> None:
     base = med["mmgrpo"][0]
     parts = [f"{k} {s:.2f} s (rollout {r:.2f} s, {s / base:.2f}x)" for k, (s, r) in med.items()]
     turns, streams = med["vllm-turns"][1], med["vllm-streams"][1]
+    png = Path(os.environ.get("MMGRPO_BENCH_PNG", "vllm_vs_mmgrpo_step.png"))
+    slow = f", each env step {latency:.2f} s slower" if latency > 0 else ""
+    draw_steps(med, f"GRPO step of {config}{slow}, medians of 2 x {steps} steps (this CPU)", png)
     print(
-        f"vllm_vs_mmgrpo: GRPO step of {config} ({steps} steps x 2 runs each, medians): "
+        f"vllm_vs_mmgrpo: GRPO step of {config}{slow} ({steps} steps x 2 runs each, medians): "
         + ", ".join(parts)
         + f"; rollout with streams / turns at a time {streams / turns:.2f}",
         flush=True,
     )
+
+
+def draw_steps(medians: dict[str, tuple[float, float]], title: str, out: Path) -> Path:
+    """A bar per variant: its median GRPO step (seconds), the rollout part dark, the rest light."""
+    from PIL import Image, ImageDraw
+
+    width, row, left = 760, 46, 150
+    img = Image.new("RGB", (width, 70 + row * len(medians)), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((12, 10), title, fill="black")
+    scale = (width - left - 120) / max(s for s, _ in medians.values())
+    for k, (name, (step, rollout)) in enumerate(medians.items()):
+        y = 40 + k * row
+        draw.text((12, y + 10), name, fill="black")
+        draw.rectangle([left, y, left + step * scale, y + 30], fill=(170, 196, 230))
+        draw.rectangle([left, y, left + rollout * scale, y + 30], fill=(40, 90, 160))
+        draw.text((left + step * scale + 8, y + 10), f"{step:.2f} s (rollout {rollout:.2f} s)", fill="black")
+    draw.text(
+        (12, 46 + row * len(medians)), "dark: rollout (sampling and env steps); light: the rest", fill="gray"
+    )
+    img.save(out)
+    return out
 
 
 def main() -> None:
@@ -158,11 +202,14 @@ def main() -> None:
         "--config", default="tools_math_tiny.yaml", help="under examples/ (tools_lookup_tiny.yaml: HTTP)"
     )
     t.add_argument("--set", action="append", default=[], help="more KEY=VALUE for every variant")
+    t.add_argument(
+        "--tool-latency", type=float, default=0.0, help="seconds each env step waits (a remote tool)"
+    )
     args = p.parse_args()
     if args.what == "generate":
         generate(args.rounds)
     else:
-        tools_step(args.model, args.steps, args.config, args.set)
+        tools_step(args.model, args.steps, args.config, args.set, args.tool_latency)
 
 
 if __name__ == "__main__":
