@@ -269,6 +269,8 @@ def _main():
                 if pid == child:  # init exits: the kernel kills whatever is left in the namespace
                     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
         os.close(sealed_w)
+    if guard:  # the guard replaces its fork_exec below; a C extension in some builds (pyenv's), so now
+        import _posixsubprocess
     if preload:  # the modules the code imports, now: once the inner filter is on, no native code can be mapped
         import importlib
         for name in preload:
