@@ -43,13 +43,10 @@ import torch
 
 from mmgrpo.env import ChatEnv, SingleTurnEnv, bare_prompt
 from mmgrpo.errors import ConfigError, DataError, EnvError
-from mmgrpo.model.adapters import unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.model.policy import Policy
-from mmgrpo.model.turns import TurnDecoder, supported
-from mmgrpo.rollout.streams import run_streams
-from mmgrpo.rollout.turn_rules import append_env_turn, take_env_result, take_policy_turn
-from mmgrpo.rollout.turn_rules import turn_budget as next_budget
+from mmgrpo.model.turn_engines import Sampling, positions_limit, turn_engine
+from mmgrpo.rollout.schedule import run_turns
 from mmgrpo.verifier import Episode
 
 TRUNCATION_REASONS = ("max_new_tokens", "max_turns", "token_budget", "env")
@@ -200,7 +197,7 @@ def rollout(
 
     prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P), (B, P)
     vision = policy.encode_images(vision)  # a frozen encoder runs here, once per image, for every pass
-    limit = getattr(unwrap(policy.model).config.get_text_config(), "max_position_embeddings", None)
+    limit = positions_limit(policy)
     prompt_lens = prompt_mask.sum(dim=1).tolist()  # (B,) real tokens of each group's prompt
     if limit is not None and prompt_ids.shape[1] + max_new_tokens > limit:
         raise DataError(
@@ -221,20 +218,19 @@ def rollout(
         )
         for i in range(N)
     ]
-    resp_images: list[list[VisionInputs]] = [[] for _ in range(N)]  # per row, the images of its env turns
-    closed = [True] * N  # per row, whether its last turn ended at the end-of-turn token
-
-    engine = getattr(policy, "sampler", None)
-    own_sampler = getattr(policy.generate, "__func__", None) is not Policy.generate
-    if max_turns > 1 and not own_sampler and getattr(engine, "streams", False):
-        # each episode its own stream of requests to the engine: none waits for another's turn or tool
-        resp_images = run_streams(
+    engine = turn_engine(
+        policy,
+        Sampling(temperature=temperature, top_p=top_p, top_k=top_k),
+        keep_cache=kv_across_turns and max_turns > 1,
+    )
+    engine.begin(prompt_ids, prompt_mask, vision, G)
+    try:
+        resp_images = run_turns(
+            engine,
             policy,
             envs,
             trajs,
-            prompt_ids,
-            prompt_mask,
-            vision,
+            prompt_lens,
             tools,
             step=_step,
             pool=_step_pool(),
@@ -242,109 +238,9 @@ def rollout(
             max_new_tokens=max_new_tokens,
             budget=budget,
             limit=limit,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
         )
-    else:
-        # turn 1: one prompt encoding per group, G samples each
-        # a Policy subclass (or instance) that samples with its own generate (own_sampler): every turn goes
-        # through it
-        decoder = None
-        sampled: list[list[float]] | None = None  # the sampler's log-probs of each live row's latest turn
-        in_process = not own_sampler and getattr(policy, "sampler", None) is None  # no vLLM (rollout.engine)
-        if kv_across_turns and max_turns > 1 and supported(policy) and in_process:
-            decoder = TurnDecoder(policy, temperature=temperature, top_p=top_p, top_k=top_k)
-            decoder.keep_logprobs = True
-            new_ids, finished = decoder.first(prompt_ids, prompt_mask, vision, G, max_new_tokens)
-            sampled = decoder.last_logprobs
-        else:
-            kw = {} if own_sampler else {"return_logprobs": True}
-            out = policy.generate(
-                prompt_ids,
-                prompt_mask,
-                vision,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                num_samples=G,
-                **kw,
-            )
-            new_ids, finished, sampled = out if kw else (*out, None)
-        latest: dict[int, VisionInputs] = {}  # per live row, the images of its latest env turn
-        live = list(range(N))
-        while True:
-            # the policy's turn: keep the sampled ids as they are
-            texts = {}
-            for k, (i, ids, done) in enumerate(zip(live, new_ids, finished, strict=True)):
-                row_logprobs = None if sampled is None else sampled[k]
-                texts[i], closed[i] = take_policy_turn(policy, trajs[i], ids, done, row_logprobs)
-            # every live episode's env step at once (tools run inside, each with its own timeout)
-            stepping = [i for i in live if not trajs[i].truncated]
-            results = list(_step_pool().map(_step, [envs[i] for i in stepping], [texts[i] for i in stepping]))
-            going = []
-            for i, result in zip(stepping, results, strict=True):
-                obs = take_env_result(trajs[i], result, max_turns)
-                if obs is not None:
-                    going.append((i, obs))
-            # the env's turn: its messages appended as tokens (loss mask 0), images processed once
-            live = []
-            for i, obs in going:
-                t = trajs[i]
-                new_vision = append_env_turn(
-                    policy,
-                    t,
-                    obs,
-                    tools[t.group],
-                    closed=closed[i],
-                    prompt_len=prompt_lens[t.group],
-                    limit=limit,
-                    budget=budget,
-                    max_new_tokens=max_new_tokens,
-                )
-                if new_vision is None:
-                    continue
-                if not new_vision.empty:
-                    resp_images[i].append(new_vision)
-                latest[i] = new_vision
-                live.append(i)
-            if not live:
-                break
-            turn_budget = [next_budget(trajs[i], max_new_tokens, budget) for i in live]
-            if decoder is not None and decoder.can_continue([latest[i] for i in live]):
-                new_ids, finished = decoder.next(
-                    live, [trajs[i].response_ids for i in live], [latest[i] for i in live], max(turn_budget)
-                )
-                sampled = decoder.last_logprobs
-                _cut_to_budgets(new_ids, finished, turn_budget)
-                continue
-            decoder = None  # re-encoded from here on: a kept cache would miss this turn
-            # turn k: the live rows' whole sequences (prompt, then every turn so far), one sample each
-            seqs = [
-                _unpadded(prompt_ids[trajs[i].group], prompt_mask[trajs[i].group]) + trajs[i].response_ids
-                for i in live
-            ]
-            ids_k, mask_k = _pad_left(seqs, policy.pad_token_id)  # (n, L), each row + max_new_tokens <= limit
-            row_vision = VisionInputs.join(
-                vision.select([trajs[i].group for i in live]),
-                VisionInputs.concat_rows([VisionInputs.one_sequence(resp_images[i]) for i in live]),
-            )
-            kw = {} if own_sampler else {"return_logprobs": True}
-            out = policy.generate(
-                ids_k,
-                mask_k,
-                row_vision,
-                max_new_tokens=max(turn_budget),
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                num_samples=1,
-                use_hf_generate=False,
-                **kw,
-            )
-            new_ids, finished, sampled = out if kw else (*out, None)
-            _cut_to_budgets(new_ids, finished, turn_budget)
+    finally:
+        engine.end()
 
     response_ids, response_mask = pad_right([t.response_ids for t in trajs], policy.pad_token_id)  # (N, T)
     loss_mask, _ = pad_right([t.loss_mask for t in trajs], 0)  # (N, T)
@@ -369,29 +265,6 @@ def rollout(
         sampled_logp=sampled_logp,
     )
     return RolloutBatch(trajs, tokens, G, failed_tasks=failed)
-
-
-def _cut_to_budgets(new_ids: list[list[int]], finished: list[bool], budgets: list[int]) -> None:
-    """A row past its own token budget ends there, truncated (in place)."""
-    for k, cap in enumerate(budgets):
-        if len(new_ids[k]) > cap:
-            new_ids[k], finished[k] = new_ids[k][:cap], False
-
-
-def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
-    """The real tokens of one left-padded row."""
-    return ids[mask.bool()].tolist()
-
-
-def _pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad lists of ids: ids (n, L) and mask (n, L)."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad, dtype=torch.long)  # (n, L)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)  # (n, L)
-    for k, s in enumerate(seqs):
-        ids[k, L - len(s) :] = torch.as_tensor(s, dtype=torch.long)
-        mask[k, L - len(s) :] = 1
-    return ids, mask
 
 
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:

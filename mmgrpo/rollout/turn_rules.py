@@ -1,6 +1,6 @@
 """What happens to one episode at each point of a multi-turn rollout, the same whichever way the turns are
-scheduled (every live episode a turn at a time, ``mmgrpo.rollout.episodes``; or each episode on its own,
-``mmgrpo.rollout.streams``): a policy turn is taken as sampled, the env's answer ends the episode or goes on,
+scheduled (``mmgrpo.rollout.schedule``: every live episode a turn at a time, or each episode on its own): a
+policy turn is taken as sampled, the env's answer ends the episode or goes on,
 and the env's turn is appended as tokens within the budgets."""
 
 from __future__ import annotations

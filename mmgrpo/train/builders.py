@@ -131,7 +131,7 @@ def start_sampler(cfg: Config, out: Path, processes: int, model, processor=None)
         model=model,  # started from the weights in memory (a resumed or warm-started run's too)
         processor=processor,  # a vision-language engine loads the tokenizer and processor with the weights
     )
-    engine.streams = r.vllm_streams  # multi-turn episodes as request streams (mmgrpo.rollout.streams)
+    engine.streams = r.vllm_streams  # multi-turn episodes as request streams (mmgrpo.rollout.schedule)
     return engine
 
 
