@@ -259,7 +259,9 @@ class GymChatEnv(ChatEnv):
     ``reset`` info: a copy of the wrapped env's info (an ``answer`` converted to str), plus ``seed`` and
     ``split``. ``step`` info: the wrapped env's step info, plus ``steps`` (replies so far),
     ``invalid_action`` (why the reply was rejected, or None) and, once the episode ends after a real step,
-    ``final_message`` (the last observation as a message, which the episode does not show).
+    ``final_message`` (the last observation as a message, which the episode does not show). When the
+    wrapped env's info has a ``state`` (a key of the env's state for turn-level credit), a rejected reply's
+    info repeats the last one: the wrapped env was not stepped.
     """
 
     def __init__(
@@ -347,6 +349,7 @@ class GymChatEnv(ChatEnv):
         self.action_names = action_names
         self.action_help = action_help if action_help is not None else self._describe_actions()
         self._info: dict[str, Any] | None = None
+        self._state: Any = None  # the wrapped env's last info["state"] (a turn-level credit key), if any
         self._inner_options: dict[str, Any] | None = None
         self._steps = 0
         self._done = True
@@ -435,6 +438,7 @@ class GymChatEnv(ChatEnv):
             info["answer"] = str(_plain(info["answer"]))
         info.update(seed=seed, split=split)
         self._info, self._steps, self._done = info, 0, False
+        self._state = info.get("state")
         messages = [system_message(self.system)] if self.system is not None else []
         messages.append(self._observe(obs))
         return messages, dict(info)
@@ -453,10 +457,13 @@ class GymChatEnv(ChatEnv):
         if problem is not None:
             message: Message | None = user(f"Invalid action: {problem}. {self.action_help}")
             reward, terminated, truncated, info = 0.0, False, False, {}
+            if self._state is not None:  # the wrapped env did not move: its state key stays
+                info["state"] = self._state
         else:
             obs, reward, terminated, truncated, info = self.env.step(gym_action)
             message = self._observe(obs)
             info = dict(info)
+            self._state = info.get("state")
         truncated = bool(truncated) or (self.max_steps is not None and self._steps >= self.max_steps)
         terminated = bool(terminated)
         info.update(steps=self._steps, invalid_action=problem)

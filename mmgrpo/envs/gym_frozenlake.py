@@ -106,12 +106,13 @@ def safe_moves(desc: np.ndarray, state: int) -> list[str]:
     return safe
 
 
-def render_grid(desc: np.ndarray, state: int) -> str:
-    """The map with ``P`` where the player stands, then the safe moves (``safe: right, down``)."""
+def render_grid(desc: np.ndarray, state: int, hint: bool = True) -> str:
+    """The map with ``P`` where the player stands, then (``hint``) the safe moves (``safe: right, down``)."""
     row, col = divmod(int(state), desc.shape[1])
     grid = [[bytes(c).decode() for c in line] for line in desc]
     grid[row][col] = "P"
-    return "\n".join("".join(line) for line in grid) + "\nsafe: " + ", ".join(safe_moves(desc, state))
+    text = "\n".join("".join(line) for line in grid)
+    return text + "\nsafe: " + ", ".join(safe_moves(desc, state)) if hint else text
 
 
 class GridText(gymnasium.ObservationWrapper):
@@ -122,17 +123,36 @@ class GridText(gymnasium.ObservationWrapper):
     FFFH
     HFFG
     safe: up, left, right, down
+
+    Args:
+        hint: show the ``safe:`` line (default). ``hint=False`` shows the bare grid: the player must read
+            the holes off the map and plan the way round them (issue 55's planning task).
+
+    ``reset`` and ``step`` info carry ``state``: the grid with the player, without the hint line, the same
+    text for the same map and cell in every episode; turn-level credit (GiGPO) groups turns by it.
     """
 
-    def __init__(self, env: gymnasium.Env) -> None:
+    def __init__(self, env: gymnasium.Env, hint: bool = True) -> None:
         super().__init__(env)
         inner = _frozenlake(env, "GridText")
+        if not isinstance(hint, bool):
+            raise ConfigError(f"GridText(hint={hint!r}): expected true or false.")
+        self.hint = hint
         self.observation_space = spaces.Text(
             max_length=(inner.ncol + 1) * inner.nrow + 40, charset=string.printable
         )
 
     def observation(self, observation: Any) -> str:
-        return render_grid(self.env.unwrapped.desc, int(observation))
+        return render_grid(self.env.unwrapped.desc, int(observation), self.hint)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        return self.observation(obs), {**info, "state": render_grid(self.env.unwrapped.desc, obs, False)}
+
+    def step(self, action: Any):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        state = render_grid(self.env.unwrapped.desc, obs, False)
+        return self.observation(obs), reward, terminated, truncated, {**info, "state": state}
 
 
 def shortest_path(obs: str) -> int:
