@@ -27,6 +27,7 @@ README = ROOT / "README.md"
 MOVED_TO = ["results", "agents", "tools", "tiny_vlm", "grpo", "speed", "runs", "real_models"]
 # written beside this change by the Python API work (issue 54, point 2); its link may land first
 PENDING = {"docs/python_api.md"}
+NO_PROGRESS = {"train", "eval", "probe"}  # the slow test adds --no-progress: bars only clutter its capture
 
 
 def section(text: str, title: str) -> str:
@@ -88,7 +89,9 @@ def test_relative_links_point_at_files(page):
 def test_every_docs_page_is_linked_from_the_readme():
     linked = {file for _, file in relative_links(README)}
     for name in MOVED_TO:
-        assert (ROOT / "docs" / f"{name}.md").resolve() in linked, f"docs/{name}.md is not in the README's table"
+        assert (ROOT / "docs" / f"{name}.md").resolve() in linked, (
+            f"docs/{name}.md is not in the README's table"
+        )
 
 
 def test_install_commands_are_the_ones_ci_runs():
@@ -98,7 +101,7 @@ def test_install_commands_are_the_ones_ci_runs():
     torch_pin = re.search(r"pip install --quiet (torch==\S+ torchvision==\S+)", ci).group(1)
     assert f"pip install {torch_pin} --index-url https://download.pytorch.org/whl/cpu" in lines
     assert "pip install -e ." in lines and "mmgrpo demo" in lines
-    assert 'pip install -e .[test]' in lines  # shlex drops the quotes of ".[test]"
+    assert "pip install -e .[test]" in lines  # shlex drops the quotes of ".[test]"
     assert "python -m pytest -q" in lines
     assert re.search(r'pip install --quiet -e "\.\[test\]"', ci)
     assert re.search(r"^python3 -m pytest -q$", ci, re.M), ".ci/run runs the README's test command"
@@ -141,7 +144,13 @@ def test_tour_runs_as_written(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for argv in tour():
         done = subprocess.run(
-            [sys.executable, "-m", "mmgrpo", *argv[1:], *(["--no-progress"] if argv[1] in NO_PROGRESS else [])],
+            [
+                sys.executable,
+                "-m",
+                "mmgrpo",
+                *argv[1:],
+                *(["--no-progress"] if argv[1] in NO_PROGRESS else []),
+            ],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -154,6 +163,3 @@ def test_tour_runs_as_written(tmp_path):
         if argv[1] == "probe":
             assert "verdict:" in done.stdout, done.stdout[-2000:]
     assert (tmp_path / "runs" / "try" / "curves.png").is_file()
-
-
-NO_PROGRESS = {"train", "eval", "probe"}  # progress bars only clutter the captured output
