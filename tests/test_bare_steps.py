@@ -66,7 +66,7 @@ def test_bare_steps_then_full_prompt_drills_then_full_steps(tiny_model_dir, tmp_
     assert "full_prompt_drills" in stages and "full_prompt_drills_check" in stages
     lrs = [r["lr"] for r in records if "lr" in r and "stage" not in r]
     # one linear schedule over all three steps (the rate each step leaves for the next); restarting it at
-    # the switch was tried on the zoom agent and collapsed its answers (README)
+    # the switch was tried on the zoom agent and collapsed its answers (docs/agents.md)
     assert lrs == pytest.approx([cfg.grpo.lr * 2 / 3, cfg.grpo.lr / 3, 0.0])
 
 

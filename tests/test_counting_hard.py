@@ -54,7 +54,7 @@ def test_example_config_loads_and_validates():
     assert (env.target_shape, env.target_color) == (None, None)  # a per-scene target
     assert env.shapes == SHAPES and env.colors == COLORS
     assert (env.min_distractors, env.distractors, env.near_misses) == (4, 6, True)
-    assert cfg.grpo.freeze_embeddings  # README: the answers collapse onto 1, 3, 5 without it
+    assert cfg.grpo.freeze_embeddings  # docs/results.md: the answers collapse onto 1, 3, 5 without it
     assert cfg.model.freeze_vision and cfg.warm_start.enabled and cfg.warm_start.source == "format"
     # the warm start's random answers cover exactly the env's counts
     assert (cfg.warm_start.random_low, cfg.warm_start.random_high) == (env.min_count, env.max_count)

@@ -89,7 +89,7 @@ def test_demo_counts_one_named_kind_among_distractors(tmp_path, capsys, demo_set
     """The model that sees, then its marking pretraining (mmgrpo/tiny/marks.py), the question before the
     image: the format warm start leaves it at chance, GRPO must reach 0.90 with every count answered right
     somewhere. Without grpo.freeze_embeddings the answers collapsed onto 1, 3 and 5 (seed 1: 0.490);
-    with it, seed 0 0.960 and seed 1 1.000 (README: "What decided a run")."""
+    with it, seed 0 0.960 and seed 1 1.000 (docs/results.md: "What decided a run")."""
     summary = run_demo("counting_hard", tmp_path, capsys, demo_sets)
     assert summary["before"] <= 0.30 and summary["after"] >= 0.90, summary
     table = summary["answers_after"]

@@ -1,7 +1,7 @@
 """The short form of benchmarks/vs_trl.py: mmgrpo's GRPO step and TRL's GRPOTrainer both run, side by side.
 
 Only that both systems ran and the report was printed is checked; the numbers themselves are machine
-dependent (the README's Speed section has measured ones).
+dependent (docs/speed.md has measured ones).
 """
 
 from __future__ import annotations
