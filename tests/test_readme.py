@@ -70,6 +70,15 @@ def relative_links(path: Path) -> list[tuple[str, Path]]:
     return found
 
 
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of a markdown file: lower case, punctuation dropped, spaces as '-'."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", text, re.M)
+    }
+
+
 def test_readme_is_short():
     lines = README.read_text().splitlines()
     assert len(lines) <= 350, f"README.md has {len(lines)} lines; the rest belongs in docs/ (issue 54)"
@@ -82,6 +91,10 @@ def test_relative_links_point_at_files(page):
     missing = [link for link, file in links if not file.exists()]
     pending = [link for link in missing if link in PENDING]
     assert not [link for link in missing if link not in PENDING], f"{page}: broken links {missing}"
+    for link, file in links:
+        anchor = link.partition("#")[2]
+        if anchor and file.exists():
+            assert anchor in anchors(file), f"{page}: {link} names no heading of {file.name}"
     if pending:
         pytest.xfail(f"{pending} is being written beside this change (issue 54)")
 
