@@ -17,8 +17,9 @@ DRILL_CHECK = ("warm_start.batch_size=2", "warm_start.check_tasks=2", "warm_star
 
 def _sets(model_dir: Path, tmp_path: Path, *more: str) -> list[str]:
     """A few-step run of the zoom example on the tiny model: 2 tasks x G=2, 8 new tokens, no evaluations,
-    no bare drills; ``more`` adds keys."""
+    no warm start before GRPO (Trainer.train runs a configured one), no bare drills; ``more`` adds keys."""
     common = ["grpo.tasks_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=8", "grpo.eval_every=0"]
+    common.append("warm_start.steps=0")
     return [
         f"model.path={model_dir}",
         f"output_dir={tmp_path / 'run'}",

@@ -149,7 +149,7 @@ def test_the_default_cpu_threads_leave_half_the_cores():
 def test_cpu_threads_come_from_the_flag_then_omp_num_threads_then_the_default(monkeypatch, capsys):
     import torch
 
-    import mmgrpo.cli.threads as threads
+    import mmgrpo.train.threads as threads
     from mmgrpo.cli.app import build_parser
 
     before = torch.get_num_threads()

@@ -13,8 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-from mmgrpo.cli.threads import set_cpu_threads
-from mmgrpo.errors import ConfigError, DataError, MmgrpoError
+from mmgrpo.errors import DataError, MmgrpoError
+from mmgrpo.train.run_folder import RUN_FILES, claim_output_dir, write_error  # noqa: F401  (used here too)
+from mmgrpo.train.run_lock import is_launch_main_process
+from mmgrpo.train.threads import set_cpu_threads
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
@@ -111,27 +113,6 @@ def library_bars_off() -> None:
     hf_logging.disable_progress_bar()
 
 
-def write_error(what: str, path: Path, exc: OSError) -> MmgrpoError:
-    """One line for a write that failed (a full disk, a read-only or a wrong path) and what to do."""
-    import errno
-
-    reason = exc.strerror or str(exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space or choose a folder on another disk"
-    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        fix = "choose a folder you can write to"
-    elif exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-        fix = "a file stands where a folder is needed (or the other way round): give another path"
-    else:
-        fix = "choose another path"
-    # the file or folder that failed, unless it is the path itself or mmgrpo's hidden partial copy of it
-    shown = exc.filename and str(exc.filename) != str(path) and ".partial" not in str(exc.filename)
-    where = f" ({exc.filename})" if shown else ""
-    return MmgrpoError(
-        f"cannot write {what} to '{path}': {reason}{where}; {fix}. Nothing was left half-written."
-    )
-
-
 def cmd_config_reference(args: argparse.Namespace) -> int:
     from mmgrpo.config.core import config_reference
 
@@ -147,70 +128,38 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mmgrpo.cli.run_lock import RunLock
-    from mmgrpo.config.core import load_config
+    """``mmgrpo train``: :func:`mmgrpo.run` (the same recipe as Python's), its outcome said in a line."""
+    from mmgrpo.train.callbacks import TrainingStopped, WarmStartInterrupted
+    from mmgrpo.train.recipe import LATEST, run
 
-    cfg = load_config(args.config, args.set)
-    out = Path(cfg.output_dir)
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume continues the run in output_dir and --overwrite deletes it: give one")
-    with RunLock(out, "mmgrpo train"):
-        return _train(args, cfg, out)
-
-
-def _train(args: argparse.Namespace, cfg, out: Path) -> int:
-    """``mmgrpo train`` with output_dir's lock held."""
-    from mmgrpo.train.checkpoint import latest_checkpoint
-    from mmgrpo.train.trainer import Trainer, TrainingStopped
-
-    resume_from = None
-    if args.resume:
-        resume_from = latest_checkpoint(out) if args.resume == LATEST else Path(args.resume)
-        if resume_from is None:
-            raise ConfigError(
-                f"--resume: output_dir '{out}' holds no complete checkpoint-N to resume from (checkpoints are "
-                "written every grpo.save_every steps and when a run is stopped by Ctrl-C or SIGTERM). Start a "
-                "new run without --resume, or give --resume PATH."
-            )
-    else:
-        _claim_output_dir(out, overwrite=args.overwrite)
-    trainer = Trainer(cfg, progress=not args.no_progress)
-    set_cpu_threads(args.threads)  # after every check of the input: a bad config is one line, alone
-    stopper = _SignalStop(trainer)
+    resume = args.resume if args.resume != LATEST else True
     try:
-        with stopper:
-            if resume_from is not None:
-                trainer.resume(resume_from)
-                if trainer.is_main:
-                    print(
-                        f"mmgrpo: resumed from {resume_from} at step {trainer.step}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            elif cfg.warm_start.steps > 0:
-                trainer.warm_start()
-            stopper.in_grpo = True
-            record = trainer.train()
-    except KeyboardInterrupt:  # during the warm start: keep what there is
-        return _save_interrupted(trainer)
+        result = run(
+            args.config,
+            args.set,
+            resume=resume,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+            threads=args.threads,
+            _cli=True,
+        )
+    except WarmStartInterrupted:  # the recipe kept the model so far and said where
+        return 130
     except TrainingStopped as stop:
-        if trainer.is_main:
-            if trainer.metrics_path.exists() and stop.step > 0:
-                _draw_curves(trainer)
-            resume = " ".join(["mmgrpo train", args.config, *(f"--set {s}" for s in args.set), "--resume"])
+        if is_launch_main_process():
+            again = " ".join(["mmgrpo train", args.config, *(f"--set {s}" for s in args.set), "--resume"])
             print(
-                f"\nmmgrpo: stopped after step {stop.step} of {cfg.grpo.steps}; checkpoint in {stop.path}; "
-                f"continue with: {resume}",
+                f"\nmmgrpo: stopped after step {stop.step} of {stop.steps}; checkpoint in {stop.path}; continue with: "
+                f"{again}",
                 file=sys.stderr,
                 flush=True,
             )
-        return 128 + stopper.signum
-    if cfg.grpo.steps > 0 and trainer.is_main:  # a warm-start-only run has no GRPO curves to draw
-        _draw_curves(trainer)
+        return 128 + stop.signum
+    trainer = result.trainer
     if trainer.is_main:
+        last = result.metrics.get("reward", float("nan"))
         print(
-            f"train: {cfg.grpo.steps} steps, last reward {record.get('reward', float('nan')):.3f}; "
-            f"model saved to {trainer.out / 'final'}"
+            f"train: {trainer.cfg.grpo.steps} steps, last reward {last:.3f}; model saved to {trainer.out / 'final'}"
         )
     return 0
 
@@ -218,111 +167,18 @@ def _train(args: argparse.Namespace, cfg, out: Path) -> int:
 LATEST = "latest"
 
 
-def _draw_curves(trainer) -> None:
-    """curves.png at the end of a run; the model is saved by then, so a failed write is one warning line."""
-    from mmgrpo.train.plots import plot_metrics
-
-    path = trainer.out / "curves.png"
-    try:
-        plot_metrics(trainer.metrics_path, path)
-    except OSError as exc:
-        warning = write_error("the learning curves", path, exc)
-        print(f"mmgrpo: warning: {warning}", file=sys.stderr, flush=True)
-
-
-class _SignalStop:
-    """SIGINT/SIGTERM during GRPO: finish the current step, write a checkpoint, stop (exit 128 + signal).
-    During the warm start: stop at once and keep the model so far. A second signal exits at once."""
-
-    def __init__(self, trainer):
-        self.trainer, self.in_grpo, self.signum, self.previous = trainer, False, 0, {}
-
-    def handle(self, signum, frame):
-        import os
-        import signal
-
-        if self.signum:  # the second signal
-            print(f"\nmmgrpo: {signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
-        self.signum = signum
-        if not self.in_grpo:
-            raise KeyboardInterrupt
-        self.trainer.stop_requested = True
-        if self.trainer.is_main:
-            print(
-                f"\nmmgrpo: {signal.Signals(signum).name}: finishing step {self.trainer.step + 1}, then saving a "
-                "checkpoint (send it again to exit at once)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def __enter__(self):
-        import signal
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self.previous[sig] = signal.signal(sig, self.handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def __exit__(self, *exc):
-        import signal
-
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        return False
-
-
-def _save_interrupted(trainer) -> int:
-    """Ctrl-C or SIGTERM during the warm start: keep the model and the curves so far, say where, exit 130."""
-    where = trainer.out / "interrupted"
-    trainer.save(where)
-    print(
-        f"\nmmgrpo: interrupted during the warm start; the model so far is in {where} (use it as model.path)",
-        file=sys.stderr,
-        flush=True,
-    )
-    return 130
-
-
-RUN_FILES = ("metrics.jsonl", "final", "interrupted", "curves.png", "samples", "warnings.log", "config.yaml")
-"""What a run writes into its output_dir (with checkpoint-N folders)."""
-
-
-def _claim_output_dir(out: Path, *, overwrite: bool, resume: bool = True) -> None:
-    """Refuse to train into a folder that holds a run (its final model would be replaced and its metrics
-    appended to), unless ``--overwrite``, which removes that run's files first. ``resume``: the command
-    has --resume (train does, sft does not)."""
-    import shutil
-
-    found = [n for n in RUN_FILES if (out / n).exists()] + sorted(p.name for p in out.glob("checkpoint-*"))
-    if not found:
-        return
-    if not overwrite:
-        raise ConfigError(
-            f"output_dir '{out}' already holds a run ({', '.join(found[:4])}); training there would replace "
-            "its model and mix its metrics with the new run's. Pass "
-            + ("--resume to continue it from its latest checkpoint, " if resume else "")
-            + "--overwrite to delete it and start anew, or set another output_dir."
-        )
-    for name in found:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
 def cmd_sft(args: argparse.Namespace) -> int:
     import shlex
 
-    from mmgrpo.cli.run_lock import RunLock
     from mmgrpo.config.core import load_config
+    from mmgrpo.train.run_lock import RunLock
     from mmgrpo.train.sft import run_sft
 
     cfg = load_config(args.config, args.set)
     out = Path(cfg.output_dir)
     with RunLock(out, "mmgrpo sft"):
         # like train: an earlier run's final/ is not replaced unless --overwrite
-        _claim_output_dir(out, overwrite=args.overwrite, resume=False)
+        claim_output_dir(out, overwrite=args.overwrite, resume=False)
         set_cpu_threads(args.threads)
         try:
             summary = run_sft(cfg, progress=not args.no_progress)
@@ -415,7 +271,9 @@ def write_pictures(trainer, result, run_dir: Path) -> list[Path]:
     from mmgrpo.env import message_images
     from mmgrpo.train.plots import answer_grid, plot_metrics, sample_grid
 
-    paths = [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")] if trainer.cfg.grpo.steps else []
+    paths = (
+        [plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")] if trainer.cfg.grpo.steps else []
+    )
     env = trainer.make_env()
     images, captions, correct = [], [], []
     for s in result.samples[:16]:

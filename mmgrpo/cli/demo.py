@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from mmgrpo.cli.commands import Interrupted, marks_summary, perception_summary, write_error, write_pictures
-from mmgrpo.cli.threads import set_cpu_threads
 from mmgrpo.errors import MmgrpoError
+from mmgrpo.train.threads import set_cpu_threads
 
 DEMO_CONFIGS = {
     "counting": "examples/counting_tiny.yaml",  # the tiny VLM learns to count red circles
@@ -42,7 +42,7 @@ def _find_demo_config(task: str = "counting") -> Path:
 def cmd_demo(args: argparse.Namespace) -> int:
     import contextlib
 
-    from mmgrpo.cli.run_lock import RunLock
+    from mmgrpo.train.run_lock import RunLock
 
     out = Path(args.out)
     with RunLock(out, "mmgrpo demo", what="--out"), contextlib.ExitStack() as locks:
@@ -68,9 +68,10 @@ def _demo_kept(out: Path) -> str:
 def _demo(args: argparse.Namespace, out: Path, locks) -> int:
     """``mmgrpo demo`` with the lock of ``--out`` held; ``locks`` (an ExitStack) takes the run folder's."""
     from mmgrpo.cli.processes import choose_processes, launch
-    from mmgrpo.cli.run_lock import RunLock
     from mmgrpo.config.core import load_config
     from mmgrpo.tiny.vlm import build_tiny_model, is_model_dir
+    from mmgrpo.train.run_folder import claim_output_dir
+    from mmgrpo.train.run_lock import RunLock
     from mmgrpo.train.trainer import Trainer, load_policy
 
     t0 = time.perf_counter()
@@ -102,8 +103,7 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
     run_dir = Path(cfg.output_dir)
     if run_dir.resolve() != out.resolve():  # the run's folder is locked too (it may be outside --out)
         locks.enter_context(RunLock(run_dir, "mmgrpo demo"))
-    if (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()  # a fresh demo run, not an append to the last one
+    claim_output_dir(run_dir, overwrite=True)  # a fresh demo run: the last demo's run files go
     trainer = Trainer(cfg, progress=not args.no_progress)
     n = cfg.eval.episodes
     base = trainer.evaluate()

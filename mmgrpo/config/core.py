@@ -25,15 +25,14 @@ from mmgrpo.config.rollout import RolloutConfig
 from mmgrpo.config.sections import (  # noqa: F401  (re-exported: the sections are public here)
     EnvConfig,
     EvalConfig,
-    FaultsConfig,
     GRPOConfig,
-    LoggingConfig,
     LoraConfig,
     ModelConfig,
     SFTConfig,
     VerifierConfig,
     WarmStartConfig,
 )
+from mmgrpo.config.services import FaultsConfig, HubConfig, LoggingConfig
 from mmgrpo.config.source import Sources, apply_override, read_yaml
 from mmgrpo.config.types import FieldError, Section, build, describe_fields, reference_table
 from mmgrpo.errors import ConfigError
@@ -51,6 +50,7 @@ __all__ = [
     "LoggingConfig",
     "FaultsConfig",
     "RolloutConfig",
+    "HubConfig",
     "load_config",
     "config_from_dict",
     "config_to_dict",
@@ -86,6 +86,8 @@ class Config(Section):
     """What a failing env, verifier or a non-finite number does to the run."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Which engine samples the episodes (mmgrpo's own, or vLLM in its own process)."""
+    hub: HubConfig = field(default_factory=HubConfig)
+    """Pushing the final model (and its model card) to the Hugging Face hub."""
 
     _aliases: ClassVar[dict[str, str]] = {
         "environment": "env",
@@ -135,11 +137,18 @@ def config_from_dict(d: dict[str, Any], source: str = "<dict>") -> Config:
     return build(Config, copy.deepcopy(d), (), Sources(source))
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
-    """Load a YAML config (None = the defaults) and apply ``key.sub=value`` overrides, values parsed as YAML."""
+def load_config(path: str | Path | dict[str, Any] | Config | None, overrides: Sequence[str] = ()) -> Config:
+    """Load a config and apply ``key.sub=value`` overrides, values parsed as YAML. ``path``: a YAML file,
+    a dict of the same keys (checked as a file is: an unknown key, a wrong type or value is a ConfigError
+    naming it, "<dict>" in place of the file and line), a Config, or None for the defaults."""
     if isinstance(overrides, str):
         overrides = [overrides]
-    data, sources = read_yaml(path) if path is not None else ({}, Sources("<defaults>"))
+    if isinstance(path, Config):
+        path = config_to_dict(path)
+    if isinstance(path, dict):
+        data, sources = copy.deepcopy(path), Sources("<dict>")
+    else:
+        data, sources = read_yaml(path) if path is not None else ({}, Sources("<defaults>"))
     defaults = config_to_dict(Config())
     for override in overrides:
         apply_override(data, sources, override, defaults)

@@ -1,6 +1,6 @@
-"""The sections of a run's configuration (model, env, verifiers, grpo, warm start, sft, eval, logging, faults):
-frozen dataclasses that check their own types and ranges in ``__post_init__``, with a docstring per field.
-``mmgrpo.config.core`` assembles them into ``Config`` and loads YAML.
+"""The sections of a run's configuration (model, env, verifiers, grpo, warm start, sft, eval; logging, faults
+and hub are in ``mmgrpo.config.services``): frozen dataclasses that check their own types and ranges in
+``__post_init__``, with a docstring per field. ``mmgrpo.config.core`` assembles them into ``Config``.
 """
 
 from __future__ import annotations
@@ -164,6 +164,9 @@ class VerifierConfig(Section):
 class GRPOConfig(Section):
     steps: int = 200
     """Optimizer steps of GRPO training (0 = none, e.g. a warm-start-only run)."""
+    epochs: float | None = None
+    """Passes over a dataset env's train split (TRL's num_train_epochs), in place of steps: the run trains
+    ceil(epochs x train rows / tasks_per_step) steps (seed s plays row s mod rows). Needs a dataset env."""
     tasks_per_step: int = 16
     """B: tasks (prompts) sampled per step."""
     group_size: int = 8
@@ -317,6 +320,7 @@ class GRPOConfig(Section):
         for name in ("steps", "warmup_steps", "top_k", "save_every", "eval_every", "weight_decay", "beta"):
             self._require(getattr(self, name) >= 0, name, "must be >= 0")
         self._require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
+        self._require(self.epochs is None or self.epochs > 0, "epochs", "must be > 0 (or null: grpo.steps)")
         self._require(
             self.bare_steps == 0 or self.bare_steps < self.steps,
             "bare_steps",
@@ -554,47 +558,3 @@ class EvalConfig(Section):
         for name in ("episodes", "max_new_tokens", "batch_size"):
             self._require(getattr(self, name) >= 1, name, "must be >= 1")
         self._require(self.temperature >= 0, "temperature", "must be >= 0")
-
-
-@dataclass(frozen=True)
-class LoggingConfig(Section):
-    report_to: list[str] = field(default_factory=list)
-    """Experiment trackers, through accelerate's log_with: tensorboard, wandb, mlflow, comet_ml, aim,
-    clearml, dvclive (each needs its package). metrics.jsonl in output_dir is always written."""
-    project: str = "mmgrpo"
-    """Project / experiment name given to the trackers."""
-    samples_every: int = 0
-    """Every N steps, write some of the step's episodes (prompt, completion, rewards) to
-    output_dir/samples/step-N.jsonl; 0 = never."""
-    samples_per_step: int = 8
-    """How many episodes a samples file holds."""
-
-    def _validate(self) -> None:
-        known = (
-            "tensorboard",
-            "wandb",
-            "mlflow",
-            "comet_ml",
-            "aim",
-            "clearml",
-            "dvclive",
-            "swanlab",
-            "trackio",
-        )
-        for t in self.report_to:
-            self._require(t in known, "report_to", f"must list trackers among {', '.join(known)}")
-        self._require(self.samples_every >= 0, "samples_every", "must be >= 0")
-        self._require(self.samples_per_step >= 1, "samples_per_step", "must be >= 1")
-
-
-@dataclass(frozen=True)
-class FaultsConfig(Section):
-    max_failure_frac: float = 0.5
-    """An env that raises in reset() or step() fails that task or episode only (counted, logged with its
-    seed); when more than this share of a step's tasks or episodes fail, the run stops. 1 = never stop."""
-    nonfinite: Literal["stop", "skip"] = "stop"
-    """A NaN or infinite reward, advantage or loss: stop the run naming the step and the verifier, or skip
-    the batch (no update) and count it in faults/skipped_batches."""
-
-    def _validate(self) -> None:
-        self._require(0 <= self.max_failure_frac <= 1, "max_failure_frac", "must be in [0, 1]")

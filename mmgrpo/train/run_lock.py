@@ -1,9 +1,9 @@
 """One writer per run: ``{output_dir}/.mmgrpo.lock``, held by the command that writes the run.
 
-``mmgrpo train``, ``sft`` and ``demo`` hold the lock of their output folder while they run, so that a second
-command started into the same folder, even at the same moment, stops at once with one line naming the
-folder and the process that holds it (two runs writing one folder interleave their metrics and keep the
-final model of whichever saved last).
+``mmgrpo train`` (and ``mmgrpo.run``, which it calls), ``sft`` and ``demo`` hold the lock of their output
+folder while they run, so that a second command started into the same folder, even at the same moment,
+stops at once with one line naming the folder and the process that holds it (two runs writing one folder
+interleave their metrics and keep the final model of whichever saved last).
 
 The lock is an advisory ``fcntl.flock`` on the file, so the kernel releases it when its process ends, however
 it ends; the file's text (pid, host, command, start time) only names the holder. A file left by a process

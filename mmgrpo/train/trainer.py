@@ -22,6 +22,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,39 +50,36 @@ from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, 
     resolve_device,
     start_sampler,
 )
+from mmgrpo.train.callbacks import Callbacks, TrainingStopped
 from mmgrpo.train.checkpoint import load_checkpoint, register_model_hooks, resume_changes, save_checkpoint
 from mmgrpo.train.diagnostics import Diagnostics
 from mmgrpo.train.distributed import gather_objects, outside_ddp, shard
 from mmgrpo.train.env_pool import EnvPool
+from mmgrpo.train.epochs import with_epoch_steps
 from mmgrpo.train.fault_sync import SKIPPED, account_faults, agree_finite
 from mmgrpo.train.faults import FaultTracker, check_finite
 from mmgrpo.train.fsdp import Lockstep, gathered
 from mmgrpo.train.lr_schedule import make_scheduler
+from mmgrpo.train.model_card import write_model_card
 from mmgrpo.train.optim import adamw
 from mmgrpo.train.resume import rebuild_lr, truncate_metrics
+from mmgrpo.train.run_folder import refuse_earlier_run, trained_once
 from mmgrpo.train.saving import save_run
-
-
-class TrainingStopped(Exception):
-    """Raised by :meth:`Trainer.train` after a stop was requested (SIGINT/SIGTERM) and the checkpoint
-    ``path`` of ``step`` was written."""
-
-    def __init__(self, step: int, path: Path):
-        super().__init__(f"stopped after step {step}; checkpoint {path}")
-        self.step, self.path = step, path
 
 
 class Trainer:
     """Runs GRPO for ``cfg.grpo.steps`` steps, on one process or on each of ``accelerate launch``'s
     (mmgrpo.train.distributed says what is split and what is reduced)."""
 
-    def __init__(self, cfg: Config, *, policy: Policy | None = None, progress: bool = True):
+    def __init__(
+        self, cfg: Config, *, policy: Policy | None = None, progress: bool = True, callbacks: Iterable = ()
+    ):
         from accelerate.utils import set_seed
 
-        self.cfg = cfg
-        g = cfg.grpo
         # everything that can be wrong with the config fails here, before a model is loaded
         self.pool = EnvPool(build_env_factory(cfg))  # every env the run makes, closed by close()
+        self.cfg = cfg = with_epoch_steps(cfg, self.pool.make_env)  # grpo.epochs: grpo.steps from the rows
+        g = cfg.grpo
         self.make_env = self.pool.make
         self.rewards = build_rewards(cfg)
         self.metric = eval_metric(cfg)
@@ -178,6 +176,10 @@ class Trainer:
         self.stop_requested = False  # set by a signal handler; the loop saves a checkpoint and stops
         self._saved_step: int | None = None  # the step this trainer last wrote a checkpoint of
         self._eval_cut_said = False  # whether the eval split's size cut eval_episodes was said
+        self.callbacks = Callbacks(callbacks, active=self.is_main)  # mmgrpo.train.callbacks
+        self.warm_started = False  # cfg.warm_start ran (warm_start(), or a resume: the checkpoint holds it)
+        self.trained = False  # train() was called: a Trainer trains once
+        self._claimed = False  # output_dir was checked for an earlier run (run_folder.earlier_run)
 
     @property
     def envs(self) -> list:
@@ -366,13 +368,27 @@ class Trainer:
             f.write(line + "\n")
 
     def train(self) -> dict[str, Any]:
-        """Run the remaining steps; returns the last step's metrics. A stop request (signal) finishes the
-        current step, writes a checkpoint and raises :class:`TrainingStopped`. The envs are closed when it
-        returns or raises."""
+        """The configured warm start (unless :meth:`warm_start` ran or the run resumed), then the remaining
+        GRPO steps; returns the last step's metrics. A stop request (signal) finishes the current step,
+        writes a checkpoint and raises :class:`TrainingStopped`. The envs are closed when it returns or
+        raises. A Trainer trains once; ``output_dir`` must not hold another run (resume it instead).
+        ``mmgrpo.run`` (what ``mmgrpo train`` calls) adds the run lock, resume and the curves."""
+        if self.trained:
+            raise trained_once(self.step, self.cfg.grpo.steps)
+        self.trained = True
         try:
+            if self.cfg.warm_start.steps > 0 and not self.warm_started:
+                self.warm_start()
+            self.claim_output_dir()
             return self._train()
         finally:
             self.close()
+
+    def claim_output_dir(self) -> None:
+        """Before this run's first write: refuse an output_dir holding another run (a resume goes on)."""
+        if not self._claimed:
+            self._claimed = True
+            refuse_earlier_run(self.out)
 
     def _train(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
@@ -387,6 +403,7 @@ class Trainer:
         if self.is_main:
             save_config(self.cfg, self.out / "config.yaml")
         record: dict[str, Any] = {}
+        self.callbacks("on_train_begin", self)
         bar = tqdm(
             total=g.steps,
             initial=self.step,
@@ -405,8 +422,10 @@ class Trainer:
                 self.diagnostics.observe(record)
             if g.eval_every and self.step % g.eval_every == 0:
                 record["eval_accuracy"] = self.eval_accuracy(g.eval_episodes)  # every process takes part
+                self.callbacks("on_evaluate", self, {k: record[k] for k in ("step", "eval_accuracy")})
             if self.step % g.log_every == 0 or self.step == g.steps:
                 self.log(record)
+            self.callbacks("on_step_end", self, dict(record))
             if g.save_every and self.step % g.save_every == 0:
                 self.save_checkpoint()
             bar.update(1)
@@ -416,9 +435,10 @@ class Trainer:
                 zero_std=f"{record['frac_zero_std_groups']:.2f}",
             )
         bar.close()
-        self.save(self.out / "final")
+        self.save(self.out / "final", card=record)
         if self.cfg.logging.report_to:
             self.accelerator.end_training()
+        self.callbacks("on_train_end", self, dict(record))
         return record
 
     def agree_stop(self) -> bool:
@@ -434,6 +454,7 @@ class Trainer:
             return path
         save_checkpoint(self, path, keep_last=self.cfg.grpo.keep_checkpoints)
         self._saved_step = self.step
+        self.callbacks("on_save", self, path)
         return path
 
     def resume(self, path: Path) -> dict[str, Any]:
@@ -447,6 +468,7 @@ class Trainer:
         (mmgrpo.train.checkpoint.FIXED_ON_RESUME, a grpo.steps below the checkpoint's step) are refused before
         anything is loaded."""
         state = load_checkpoint(self, path)
+        self.warm_started = self._claimed = True  # the checkpoint's run, warm start included, goes on
         refit = rebuild_lr(self.cfg, self.optimizer, self.scheduler, state.get("config"))
         if Path(path).resolve() == (self.out / f"checkpoint-{self.step}").resolve():
             self._saved_step = self.step  # a stop before the next step need not write it again
@@ -517,6 +539,8 @@ class Trainer:
                 }
             self.log(record)
 
+        if not stage:
+            self.claim_output_dir()  # before its first metrics line
         if self.sharded:
             raise ConfigError(
                 "warm_start runs on whole weights, and this run shards them (FSDP): run the warm start "
@@ -550,7 +574,7 @@ class Trainer:
             for p in self.frozen_embeddings:
                 dist.broadcast(p.data, src=0)
         if not stage:
-            self.warm_start_steps, self.skill_check = done.steps, done.check
+            self.warm_start_steps, self.skill_check, self.warm_started = done.steps, done.check, True
         return done.nll
 
     @property
@@ -566,6 +590,10 @@ class Trainer:
 
         full_prompt_drills(self)
 
-    def save(self, out_dir: Path) -> None:
-        """The model, processor and config to ``out_dir`` (main process; every process waits for it)."""
+    def save(self, out_dir: Path, card: dict[str, Any] | None = None) -> None:
+        """The model, processor and config to ``out_dir`` (main process; every process waits for it); with
+        ``card`` (final metrics) a model card, README.md (mmgrpo.train.model_card)."""
         save_run(self.accelerator, self.policy, self.cfg, out_dir)
+        if card is not None and self.is_main:
+            write_model_card(Path(out_dir), self.cfg, card, warm_start_steps=self.warm_start_steps)
+        self.callbacks("on_save", self, Path(out_dir))
