@@ -4,9 +4,11 @@ The public API, in one place: what plugin authors and users import (environments
 registry, config, training and evaluation). Importing mmgrpo is cheap and has no side effects: the names
 below are loaded on first use. docs/architecture.md shows where each lives.
 
-    from mmgrpo import load_config, Trainer
-    trainer = Trainer(load_config("examples/counting_tiny.yaml", ["model.path=runs/tiny-model"]))
-    trainer.train()
+    import mmgrpo
+    result = mmgrpo.run("examples/counting_tiny.yaml", ["model.path=runs/tiny-model-sees"])  # = mmgrpo train
+    result = mmgrpo.GRPO(model="runs/tiny-text-model", reward_funcs=[f], train_dataset=rows).train()  # TRL-style
+
+docs/python_api.md shows both, with callbacks.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ _EXPORTS = {
     "rollout": "mmgrpo.rollout.episodes",
     "Trajectory": "mmgrpo.rollout.episodes",
     "Trainer": "mmgrpo.train.trainer",
+    "run": "mmgrpo.train.recipe",
+    "RunResult": "mmgrpo.train.recipe",
+    "GRPO": "mmgrpo.train.trl_style",
+    "TrainerCallback": "mmgrpo.train.callbacks",
+    "TrainingStopped": "mmgrpo.train.callbacks",
     "evaluate": "mmgrpo.rollout.evaluation",
     "build_tiny_model": "mmgrpo.tiny.vlm",
     # errors
