@@ -25,7 +25,7 @@ from mmgrpo.toolbox import bwrap, cgroups, seccomp
 from mmgrpo.toolbox.sandbox_child import BOOTSTRAP, EXIT_MEMORY, EXIT_SETUP
 from mmgrpo.toolbox.sandbox_weak import isolation_level, namespaces_available, run_weak
 from mmgrpo.toolbox.supervise import KILL_OUTPUT_BYTES, SandboxResult, finished, signal_reason, supervise
-from mmgrpo.toolbox.visible import visible
+from mmgrpo.tools.visible import visible
 
 __all__ = [
     "LIMIT_NAMES",
@@ -167,14 +167,22 @@ def _run_bwrap(
     )
 
 
+LAZY_EXTENSIONS = ("unicodedata",)
+"""C extensions the standard library imports inside functions on common paths, preloaded for every run:
+``unicodedata`` for the idna codec of every host name (``socket.create_connection``, ``urllib``). Where they
+are built in (Debian's python3) this costs nothing; as shared objects (pyenv's, a non-root trainer's
+interpreter) about 0.2 ms."""
+
+
 def modules_to_preload(code: str) -> list[str]:
     """The modules a bubblewrap run imports before its inner filter (which allows no new native code): every
     module the code names in an ``import`` statement, so their C extensions are loaded by then (the code
-    would import them anyway: this costs nothing extra). A C extension reached only by a computed name
-    (``importlib.import_module(name)``) or lazily inside a standard-library function fails to load."""
+    would import them anyway: this costs nothing extra), and :data:`LAZY_EXTENSIONS`. A C extension reached
+    only by a computed name (``importlib.import_module(name)``) or lazily inside another standard-library
+    function fails to load."""
     import ast
 
-    names: set[str] = set()
+    names: set[str] = set(LAZY_EXTENSIONS)
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -279,7 +287,7 @@ def _say_weak(name: str) -> None:
 def format_result(result: SandboxResult, max_chars: int = 2000) -> str:
     """The text the model sees: stdout, then ``stderr:`` and stderr, then one line saying why the program was
     stopped, or its exit status when it failed; about ``max_chars`` characters at most. Control characters
-    the program printed are shown as escapes (:func:`mmgrpo.toolbox.visible.visible`)."""
+    the program printed are shown as escapes (:func:`mmgrpo.tools.visible.visible`)."""
     notes = []
     if result.killed_reason is not None:
         notes.append(f"error: the program was stopped: {_explain(result)}")

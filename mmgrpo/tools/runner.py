@@ -13,7 +13,8 @@ One assistant turn goes through three stages, each of which turns every problem 
    ``too_many_calls``), then runs the valid ones **concurrently**, each in its own thread and with its own
    deadline (``timeout``); a tool that raises gives ``tool_error``, one that returns something that is not
    JSON text (a set, an ``object()``, a numpy integer) or an image gives ``bad_result``, and a result longer
-   than the cap is cut and says so (``oversized``).
+   than the cap is cut and says so (``oversized``). Control characters in every text it returns are written
+   as escapes (``mmgrpo.tools.visible``): ``ESC ]52;`` reaches the model and transcripts as text, not a terminal.
 3. ``tool_message(result)`` is the ``{"role": "tool", ...}`` message the model sees next. A failure's text
    says what was wrong and how to call the tool correctly, so that a bad call is something to learn from.
 
@@ -57,6 +58,7 @@ from mmgrpo.tools.calls import (  # noqa: F401  (ToolCall, ToolFailure, parse_to
     parse_tool_calls,
     tool_call_text,
 )
+from mmgrpo.tools.visible import visible
 
 FAILURE_KINDS = (
     "invalid_json",
@@ -563,14 +565,21 @@ class ToolRunner:
         outcome = call.outcome or _Outcome(error=f"{name} failed")
         if outcome.error is not None:
             return self._fail(name, outcome.kind, outcome.error, outcome.seconds)
-        content, cut = truncate(outcome.content or [], self.max_result_chars)
+        # control characters as escapes first (so the limit counts what is shown), on the part of each text
+        # that can be kept at all: escapes only lengthen text, so what lies past max_result_chars is cut anyway
+        # (and counted in the note as it was)
+        limit = self.max_result_chars
+        content = [
+            text_part(visible(p["text"][:limit]) + p["text"][limit:]) if p["type"] == "text" else p
+            for p in outcome.content or []
+        ]
+        content, cut = truncate(content, limit)
         content = [text_part(_clean(p["text"])) if p["type"] == "text" else p for p in content]
         return ToolResult(name, content, "oversized" if cut else None, outcome.seconds)
 
     def _fail(self, name: str, kind: str, message: str, seconds: float = 0.0) -> ToolResult:
-        return ToolResult(
-            _clean(name[:MAX_ECHO_CHARS]), [text_part(_clean(f"error: {message}"))], kind, seconds
-        )
+        text = _clean(visible(f"error: {message}"))
+        return ToolResult(_clean(visible(name[:MAX_ECHO_CHARS])), [text_part(text)], kind, seconds)
 
     def _names(self) -> str:
         return ", ".join(self.tools) or "(none)"

@@ -9,6 +9,9 @@ four characters ``\\x1b``), so that the sequence shows as text: C0 controls othe
 DEL, the C1 controls (U+0080 to U+009F, the one-character ``CSI`` and ``OSC`` included) and the Unicode
 bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069: text that reads differently from what
 it holds). Everything else, other scripts and emoji included, is kept as it is.
+
+The tool runner (:mod:`mmgrpo.tools.runner`) passes every tool's text through it, results and failure
+messages alike, and the ``python`` tool its own stdout and stderr before it cuts them.
 """
 
 from __future__ import annotations
