@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from mmgrpo.errors import ConfigError
 from mmgrpo.toolbox import bwrap, cgroups
 from mmgrpo.toolbox.sandbox import format_result, make_python_tool, run_python
 from mmgrpo.tools import ToolRunner
+from mmgrpo.tools.visible import visible
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +102,9 @@ def test_code_without_the_guard_cannot_reach_the_trainer_its_environment_or_the_
     )
     out = json.loads(result.stdout)
     assert "DONE" not in out.values(), out
-    assert out["listing"] == ["bin", "dev", "lib", "lib64", "proc", "sandbox", "sbin", "usr"]
+    # the interpreter's prefix is there when it lives outside /usr (a non-root trainer's pyenv: /root/...)
+    prefixes = {p.split("/")[1] for p in bwrap.boundary().interpreter.prefixes if not p.startswith("/usr/")}
+    assert out["listing"] == sorted({"bin", "dev", "lib", "lib64", "sandbox", "sbin", "usr"} | prefixes)
     assert not Path(targets["pth"]).exists() and not Path("/usr/bin/mmgrpo-evil").exists()
     assert "s3cret" not in text
 
@@ -139,8 +143,12 @@ def test_native_code_from_the_stdlib_tree_or_the_system_cannot_be_loaded():
     text, result = run(
         """
         import ctypes, glob, os
-        maps = open("/proc/self/maps").read()
-        libs = [p for p in sorted(glob.glob("/usr/lib/*-linux-gnu/lib*.so.*")) if os.path.realpath(p) not in maps]
+        def loaded(path):  # already mapped: dlopen would map nothing new
+            try:
+                return bool(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW))
+            except OSError:
+                return False
+        libs = [p for p in sorted(glob.glob("/usr/lib/*-linux-gnu/lib*.so.*")) if not loaded(p)]
         try:
             ctypes.CDLL(libs[0])
             print("LOADED", libs[0])
@@ -167,46 +175,60 @@ def cgroup_mode(request, monkeypatch):
 def test_pid_1_and_the_code_s_own_memory_cannot_be_written_through_proc(cgroup_mode):
     """Issue 53: bwrap's init (pid 1) had the code's uid and was dumpable, so the code opened /proc/1/mem
     read-write and wrote machine code at its wait4 return: a process outside the inner filter and the
-    rlimits, outliving the call without a cgroup. Now pid 1 is the bootstrap itself (--as-pid-1), made
-    non-dumpable before it forks the code, with the code's filters and limits: /proc/1/mem and the code's
-    own /proc/self/mem (native code written into libc's text) cannot be opened (EACCES), and
-    PR_SET_DUMPABLE cannot be turned back on (EPERM)."""
-    text, result = run(
-        """
-        import ctypes, os
-        def try_open(path, flags):
-            try:
-                fd = os.open(path, flags)
-            except OSError as e:
-                return e.errno
-            try:
-                os.pwrite(fd, b"\\xcc", 0x400000)
-                return "WRITTEN"
-            except OSError as e:
-                return "opened, write errno %d" % e.errno
-        print("pid", os.getpid())
-        print("pid 1 mem rw", try_open("/proc/1/mem", os.O_RDWR))
-        print("pid 1 mem wo", try_open("/proc/1/mem", os.O_WRONLY))
-        print("self mem rw", try_open("/proc/self/mem", os.O_RDWR))
+    rlimits, outliving the call without a cgroup. Now there is no /proc inside (no /proc/<pid>/mem to open),
+    and pid 1 is the bootstrap itself (--as-pid-1), made non-dumpable before it forks the code, with the
+    code's filters and limits. Seen from the host: both processes' /proc files belong to root (not
+    dumpable), both carry the outer and the inner filter and the same CPU limit. Inside: PR_SET_DUMPABLE
+    cannot be turned back on (EPERM)."""
+    code = """
+        import ctypes, os, resource, time
         libc = ctypes.CDLL(None, use_errno=True)
+        print("pid", os.getpid())
+        for path in ("/proc/1/mem", "/proc/self/mem"):
+            try:
+                os.open(path, os.O_RDWR)
+                print(path, "OPENED")
+            except OSError as e:
+                print(path, e.errno)
+        print("dumpable", libc.prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE
         print("dumpable on", libc.prctl(4, 1, 0, 0, 0), ctypes.get_errno())
-        print("self mem rw again", try_open("/proc/self/mem", os.O_RDWR))
-        def field(pid, name):
-            return [l.split()[-1] for l in open(f"/proc/{pid}/status") if l.startswith(name)][0]
-        print("filters", field(1, "Seccomp_filters"), field("self", "Seccomp_filters"))
-        cpu = lambda pid: [l for l in open(f"/proc/{pid}/limits") if l.startswith("Max cpu time")][0]
-        print("same cpu limit", cpu(1) == cpu("self"), "unlimited" not in cpu(1))
-        print("pid 1 is", open("/proc/1/cmdline", "rb").read().split(b"\\0")[0].decode())
+        print("dumpable", libc.prctl(3, 0, 0, 0, 0))
+        cpu = resource.RLIMIT_CPU
+        print("same cpu limit", resource.prlimit(1, cpu) == resource.getrlimit(cpu) != (-1, -1))
+        time.sleep(1.5)
         """
-    )
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(run(code)))
+    thread.start()
+    seen: dict = {}
+    try:
+        while thread.is_alive() and not (len(seen) == 2 and all(v[0] == "2" for v in seen.values())):
+            seen = {}
+            for pid in sandbox_processes(programs_only=True):
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    cpu = [
+                        line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if "cpu" in line
+                    ]
+                    owner = os.stat(f"/proc/{pid}/mem").st_uid
+                except OSError:
+                    continue
+                filters = status.split("Seccomp_filters:")[1].split()[0]
+                seen[pid] = (filters, owner, uids_of(pid), cpu[0])
+            time.sleep(0.02)
+    finally:
+        thread.join()
+    assert len(seen) == 2, seen  # pid 1 (the bootstrap) and the code, both the interpreter
+    for filters, owner, uids, cpu in seen.values():
+        assert filters == "2" and owner == 0 and "0" not in uids, seen  # not dumpable; not root either
+        assert "unlimited" not in cpu, seen
+    assert len({v[3] for v in seen.values()}) == 1, seen  # the same CPU limit
+    ((text, result),) = done
     lines = text.splitlines()
     assert "pid 2" in lines, text  # the code is pid 2, its parent the bootstrap
-    for what in ("pid 1 mem rw", "pid 1 mem wo", "self mem rw", "self mem rw again"):
-        assert f"{what} 13" in lines, text  # EACCES
-    assert "dumpable on -1 1" in lines, text  # EPERM from the inner filter
-    assert "filters 2 2" in lines, text  # the outer and the inner filter, on pid 1 too
-    assert "same cpu limit True True" in lines, text
-    assert "bwrap" not in text.split("pid 1 is")[1], text
+    assert "/proc/1/mem 2" in lines and "/proc/self/mem 2" in lines, text  # ENOENT: no /proc
+    assert lines.count("dumpable 0") == 2 and "dumpable on -1 1" in lines, text  # EPERM from the inner filter
+    assert "same cpu limit True" in lines, text
     assert result.returncode == 0, text
 
 
@@ -250,11 +272,88 @@ def test_everything_writable_together_is_bounded_by_disk_mb(cgroup_mode):
     assert int(written["/sandbox"][0]) >= 20, text  # most of it is the working directory's
 
 
+def test_no_proc_and_a_dev_of_five_devices():
+    """Issue 53: /proc told the host's block device and bind sources (/proc/self/mountinfo), the kernel's
+    version and command line; /dev/pts let the code take ptys from a host-wide count. There is no /proc and
+    /dev holds null, zero, full, random, urandom and the sized shm only: no pts, ptmx or tty."""
+    text, result = run(
+        """
+        import os
+        for path in ("/proc/self/mountinfo", "/proc/version", "/proc/sys/kernel/osrelease", "/proc/cmdline"):
+            try:
+                print(path, open(path).read()[:60])
+            except OSError as e:
+                print(path, "errno", e.errno)
+        print("dev", sorted(os.listdir("/dev")))
+        try:
+            os.openpty()
+            print("PTY")
+        except OSError as e:
+            print("openpty errno", e.errno)
+        """
+    )
+    lines = text.splitlines()
+    for path in ("/proc/self/mountinfo", "/proc/version", "/proc/sys/kernel/osrelease", "/proc/cmdline"):
+        assert f"{path} errno 2" in lines, text
+    assert "dev ['full', 'null', 'random', 'shm', 'urandom', 'zero']" in lines, text
+    assert "openpty errno 2" in lines, text
+    assert "/dev/" not in text.replace("dev [", ""), text  # no host device name anywhere
+
+
+def test_a_process_that_leaves_the_session_does_not_outlive_the_call(cgroup_mode):
+    """Issue 53, point 4: without a cgroup, nothing may outlive its call. A grandchild in a session of its
+    own (setsid, allowed as in Docker's profile: the supervisor's process-group kill misses it) that keeps
+    running after the code's process ends is killed with the pid namespace when its pid 1 exits."""
+    text, result = run(
+        """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(30)
+            os._exit(0)
+        time.sleep(0.3)
+        print("left", os.getpid())
+        """
+    )
+    assert "left 2" in text and result.returncode == 0, text
+    deadline = time.monotonic() + 3
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes() == []
+
+
+def test_processes_are_bounded_with_or_without_a_cgroup(cgroup_mode):
+    """Issue 53, point 4: without a cgroup, RLIMIT_NPROC (counted in the run's own user namespace, so per
+    call) bounds the processes as the cgroup's pids.max does: a fork loop gets no more than max_processes."""
+    text, result = run(
+        """
+        import os, time
+        made = 0
+        try:
+            while made < 100:
+                if os.fork() == 0:
+                    time.sleep(5)
+                    os._exit(0)
+                made += 1
+        except OSError as e:
+            print("refused", e.errno)
+        print("made", made)
+        """,
+        max_processes=6,
+    )
+    made = int(text.split("made ")[1].split()[0])
+    assert "refused 11" in text and 1 <= made <= 6, text  # EAGAIN
+
+
 def test_only_unix_and_ip_sockets_exist_and_no_executable_shared_memory():
     """Issue 53: AF_VSOCK is not namespaced (sandbox and host share its ports; on a VM it reaches the
     hypervisor), AF_NETLINK and AF_PACKET are kernel surfaces: socket() and socketpair() of any family but
     AF_UNIX, AF_INET and AF_INET6 fail with EAFNOSUPPORT, whatever the register's upper bits. shmat with
-    SHM_EXEC (an RWX page: new native code), memfd_create and modify_ldt fail with EPERM."""
+    SHM_EXEC (an RWX page: new native code), memfd_create and modify_ldt fail with EPERM; so does all of
+    System V IPC (a new ipc namespace has no size limit: shmget of 1 GiB and more worked, outside every
+    limit without a cgroup), and the calls Docker's default profile refuses (NUMA placement, madvise of
+    another process)."""
     text, result = run(
         """
         import ctypes, socket
@@ -274,9 +373,10 @@ def test_only_unix_and_ip_sockets_exist_and_no_executable_shared_memory():
         print("socketpair vsock", call(53, 40, 1, 0, pair), "unix", call(53, 1, 1, 0, pair)[0])
         print("memfd_create", call(319, b"x", 0))
         print("modify_ldt", call(154, 0, 0, 0))
-        shm = call(29, 0, 4096, 0o1600)[0]  # shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600)
-        print("shmat exec", call(30, shm, 0, 0o100000))  # SHM_EXEC
-        print("shmat plain", call(30, shm, 0, 0)[0] > 0)
+        print("shmget", call(29, 0, 1 << 30, 0o1600))  # shmget(IPC_PRIVATE, 1 GiB, IPC_CREAT | 0600)
+        print("shmat exec", call(30, 0, 0, 0o100000))  # SHM_EXEC
+        print("msgget", call(68, 0, 0o1600), "semget", call(64, 0, 1, 0o1600))
+        print("mbind", call(237, 0, 4096, 0, 0, 0, 0), "process_madvise", call(440, 0, 0, 0, 0, 0))
         """
     )
     lines = text.splitlines()
@@ -287,7 +387,9 @@ def test_only_unix_and_ip_sockets_exist_and_no_executable_shared_memory():
     assert "vsock upper bits (-1, 97)" in lines, text
     assert "socketpair vsock (-1, 97) unix 0" in lines, text
     assert "memfd_create (-1, 1)" in lines and "modify_ldt (-1, 1)" in lines, text
-    assert "shmat exec (-1, 1)" in lines and "shmat plain True" in lines, text
+    assert "shmget (-1, 1)" in lines and "shmat exec (-1, 1)" in lines, text
+    assert "msgget (-1, 1) semget (-1, 1)" in lines, text
+    assert "mbind (-1, 1) process_madvise (-1, 1)" in lines, text
 
 
 def test_terminal_escapes_in_output_are_shown_not_run():
@@ -312,13 +414,57 @@ def test_terminal_escapes_in_output_are_shown_not_run():
     assert "\\u202eevil\tok Ω 🙂" in text and "stderr:\n\\x1b]52;c;Zm9v\\x07" in text, text
 
 
+def test_terminal_escapes_from_any_tool_are_shown_not_run():
+    """Issue 53, point 5: the same for every tool through the ToolRunner (an HTTP tool's page, an env's
+    function): its text, the error of a tool that raised and the echoed name of an unknown tool hold their
+    control characters as escapes, and the result's limit counts the escapes (what is shown)."""
+
+    def page(url: str) -> str:
+        """A page.
+
+        Args:
+            url: where.
+        """
+        return "\x1b]52;c;ZWNobw==\x07 \x1b[2J" + "\x00" * 100
+
+    def broken(url: str) -> str:
+        """Fails.
+
+        Args:
+            url: where.
+        """
+        raise ValueError("\x1b]0;owned\x07")
+
+    runner = ToolRunner([page, broken], max_result_chars=50)
+    calls = [json.dumps({"name": n, "arguments": {"url": "x"}}) for n in ("page", "broken", "\x1b[31mred")]
+    results = runner.run("".join(f"<tool_call>{c}</tool_call>" for c in calls))
+    texts = [r.content[0]["text"] for r in results] + [results[2].name]
+    for text in texts:
+        assert not any(ord(c) < 32 and c not in "\n\t" or 0x7F <= ord(c) < 0xA0 for c in text), repr(text)
+    assert texts[0].startswith("\\x1b]52;c;ZWNobw==\\x07 \\x1b[2J\\x00"), texts[0]
+    shown = (
+        len(visible(page("x")[:50])) + len(page("x")) - 50
+    )  # escapes on what can be kept, the rest as it was
+    assert results[0].failure == "oversized" and f"result was {shown} characters, limit 50]" in texts[0], (
+        texts[0]
+    )
+    assert "\\x1b]0;owned\\x07" in texts[1] and results[1].failure == "tool_error", texts[1]
+    assert results[2].failure == "unknown_tool" and texts[3] == "\\x1b[31mred", texts[2:]
+
+
 # ------------------------------------------------------------------------------------ root-owned files
 def test_nothing_is_root_inside_and_read_only_files_stay_read_only():
     text, result = run(
         """
         import os
-        caps = [l for l in open("/proc/self/status") if l.startswith(("CapEff", "Uid"))]
-        print("".join(caps), end="")
+        import ctypes
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+        data = (Data * 2)()
+        rc = ctypes.CDLL(None).capget(ctypes.byref(Header(0x20080522, 0)), data)  # _LINUX_CAPABILITY_VERSION_3
+        print("capget", rc, "effective", [d.effective for d in data], "permitted", [d.permitted for d in data])
         open("ro.txt", "w").write("x")
         os.chmod("ro.txt", 0o444)
         for path in ("ro.txt", "/usr/bin/true"):
@@ -329,7 +475,7 @@ def test_nothing_is_root_inside_and_read_only_files_stay_read_only():
                 print("refused", path, type(e).__name__)
         """
     )
-    assert "CapEff:\t0000000000000000" in text, text
+    assert "capget 0 effective [0, 0] permitted [0, 0]" in text, text
     assert "WROTE" not in text and "refused ro.txt PermissionError" in text, text
 
 

@@ -15,12 +15,13 @@ missing, no interpreter the sandbox user may read. ``Boundary.command(...)`` is 
 - **files**: ``/usr`` read-only (the system's shared libraries; nothing there can be executed, see the inner
   seccomp filter), the interpreter's prefix read-only when it lives elsewhere, with every ``site-packages``
   and ``dist-packages`` folder covered by an empty tmpfs (only the standard library can be imported);
-  a fresh ``/proc`` (the sandbox's own processes only) and a minimal ``/dev`` (null, zero, random, a private
-  ``/dev/shm``, a tmpfs of :func:`shm_bytes`); the working directory ``/sandbox``, a tmpfs of the rest of
-  ``disk_mb``, writable, which disappears with the namespace (nothing is written on the host's disk, so
-  there is nothing to clean up). These two are the only writable mounts, sized with or without a cgroup:
-  the root's tmpfs, ``/dev`` and the hiding tmpfs are remounted read-only. No
-  ``/etc``, ``/home``, ``/root``, ``/tmp`` or project folder exists inside.
+  a minimal ``/dev`` (:data:`DEVICES` and a private ``/dev/shm``, a tmpfs of :func:`shm_bytes`; no ``pts``,
+  no ``tty``) and no ``/proc`` at all (its files told the host's block devices, bind sources and kernel
+  version, and ``/proc/<pid>/mem`` writes another process's memory); the working directory ``/sandbox``, a
+  tmpfs of the rest of ``disk_mb``, writable, which disappears with the namespace (nothing is written on the
+  host's disk, so there is nothing to clean up). These two are the only writable mounts, sized with or
+  without a cgroup: the root's tmpfs, ``/dev`` and the hiding tmpfs are remounted read-only. No ``/etc``,
+  ``/home``, ``/root``, ``/tmp`` or project folder exists inside.
 - **life**: ``--die-with-parent`` (SIGKILL when bwrap or the trainer dies), a new session (no terminal),
   and ``--as-pid-1``: the namespace's pid 1 is the sandbox's own bootstrap (not bwrap's init, which would be
   dumpable and unfiltered), which takes every process of the namespace with it when the code's process ends.
@@ -44,6 +45,8 @@ from mmgrpo.toolbox import seccomp
 SANDBOX_UID = 65534
 """The uid inside the sandbox, and outside it when the trainer runs as root (``nobody`` on most systems)."""
 WORKDIR = "/sandbox"
+DEVICES = ("null", "zero", "full", "random", "urandom")
+"""The only device files inside (bound from the host's /dev)."""
 INSTALL_HINT = "apt-get install bubblewrap (dnf install bubblewrap; pacman -S bubblewrap)"
 
 
@@ -80,8 +83,13 @@ class Boundary:
         for folder in self.interpreter.package_dirs:
             argv += ["--perms", "0555", "--tmpfs", folder]
         shm = shm_bytes(disk_bytes)
+        # no /proc (nothing the code needs; it showed the host's devices, bind sources, kernel and every
+        # process's memory file) and a /dev of five devices: no devpts (ptys are a host-wide count), no tty
+        argv += ["--perms", "0755", "--tmpfs", "/dev"]
+        for name in DEVICES:
+            argv += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
         argv += [
-            "--proc", "/proc", "--dev", "/dev", "--size", str(shm), "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--size", str(shm), "--perms", "1777", "--tmpfs", "/dev/shm",
             "--size", str(disk_bytes - shm), "--perms", "0700", "--tmpfs", WORKDIR, "--chdir", WORKDIR,
             "--file", str(code_fd), f"{WORKDIR}/main.py",
         ]  # fmt: skip

@@ -12,8 +12,9 @@ Two filters, both "allow everything except", each denied call failing with ``EPE
   kernel surfaces with a history of bugs (``bpf``, ``userfaultfd``, ``io_uring_*``, ``perf_event_open``,
   ``keyctl``, ``add_key``, ``request_key``), handles to files by inode (``open_by_handle_at``), and the
   machine's settings (modules, ``kexec``, ``reboot``, swap, clock, host name, ``acct``, ``quotactl``).
-  It also refuses ``memfd_create`` and ``modify_ldt`` (nothing the tool runs uses them), ``shmat`` with
-  ``SHM_EXEC`` (an executable shared page would be new native code), and ``socket``/``socketpair`` of any
+  It also refuses ``memfd_create`` and ``modify_ldt`` (nothing the tool runs uses them), System V IPC
+  (``shm*``, ``msg*``, ``sem*``: unsized in a new ipc namespace, and ``shmat(SHM_EXEC)`` an executable
+  page, new native code), and ``socket``/``socketpair`` of any
   family but ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (``EAFNOSUPPORT``): the network namespace is empty,
   but ``AF_VSOCK`` is not namespaced (the way to the host and the hypervisor) and ``AF_NETLINK``,
   ``AF_PACKET`` and the rest are kernel surfaces the code never needs.
@@ -54,6 +55,16 @@ OUTER_DENY = (
     "sethostname", "setdomainname", "iopl", "ioperm", "vhangup",
     # new native code, old kernel surfaces
     "memfd_create", "modify_ldt",
+    # System V IPC: a new ipc namespace has no size limit (kernel.shmall), its objects outlive the process
+    # that made them and without a cgroup nothing counts them; nothing in the standard library uses them
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl",
+    # the rest of what Docker's default profile refuses a container without capabilities (docs/sandbox.md):
+    # memory placement, another process's memory advice, and calls that old kernels had and new ones lack
+    "get_mempolicy", "set_mempolicy", "set_mempolicy_home_node", "mbind", "migrate_pages", "move_pages",
+    "process_madvise", "fanotify_init", "quotactl_fd", "sysfs", "ustat", "_sysctl", "create_module",
+    "get_kernel_syms", "query_module", "nfsservctl", "getpmsg", "putpmsg", "afs_syscall", "tuxcall",
+    "security", "vserver",
 )  # fmt: skip
 """System calls the outer filter refuses (names unknown on this architecture are skipped)."""
 NAMESPACE_FLAGS = 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00020000
@@ -61,7 +72,6 @@ NAMESPACE_FLAGS = 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
 INNER_DENY = ("execve", "execveat")
 PROT_EXEC = 0x4
 PR_SET_DUMPABLE = 4
-SHM_EXEC = 0o100000
 SOCKET_FAMILIES = (1, 2, 10)
 """AF_UNIX, AF_INET, AF_INET6: the only ``socket``/``socketpair`` domains the outer filter allows."""
 
@@ -172,7 +182,6 @@ def outer_filter() -> bytes:
     rules = [(name, eperm, []) for name in OUTER_DENY]
     rules.append(("clone3", _errno_action(errno.ENOSYS), []))
     rules.append(("clone", eperm, [(0, NAMESPACE_FLAGS)]))
-    rules.append(("shmat", eperm, [(2, SHM_EXEC)]))
     # every domain but 1, 2 and 10, as a 64-bit register: 0, 3..9, and >= 11 (upper bits set included)
     others = [(0, "==", n) for n in range(SOCKET_FAMILIES[-1]) if n not in SOCKET_FAMILIES]
     others.append((0, ">=", SOCKET_FAMILIES[-1] + 1))
