@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mmgrpo.env import ChatEnv
+from mmgrpo.errors import DataError
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.answers import answer_table
 from mmgrpo.rollout.episodes import Trajectory, episode_metrics, rollout
@@ -210,8 +211,14 @@ def distinct_episodes(make_env: Callable[[], ChatEnv], episodes: int, *, warn: b
     """``episodes``, or fewer when the env's eval split holds fewer distinct tasks (a dataset's held-out
     rows): n consecutive seeds play n distinct tasks, more would repeat them and report an n the tasks do
     not support. ``warn`` prints one line when it cuts."""
-    num_tasks = getattr(make_env(), "num_tasks", None)  # envs not derived from ChatEnv may lack it
+    env = make_env()
+    num_tasks = getattr(env, "num_tasks", None)  # envs not derived from ChatEnv may lack it
     distinct = num_tasks("eval") if num_tasks is not None else None
+    if distinct == 0:
+        raise DataError(
+            f"the eval split of {type(env).__name__} holds no tasks ({_split_hint(env)}): hold rows out for "
+            "evaluation (the env's eval_fraction, or eval_path: a file of held-out rows)"
+        )
     if distinct is None or episodes <= distinct:
         return episodes
     if warn:
@@ -223,6 +230,14 @@ def distinct_episodes(make_env: Callable[[], ChatEnv], episodes: int, *, warn: b
             flush=True,
         )
     return distinct
+
+
+def _split_hint(env) -> str:
+    """How many rows each split holds, when the env says."""
+    try:
+        return f"{env.num_tasks('train')} rows train, {env.num_tasks('eval')} eval"
+    except Exception:  # noqa: BLE001 - a hint only
+        return "none held out"
 
 
 TRANSCRIPTS = 8

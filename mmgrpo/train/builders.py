@@ -44,6 +44,11 @@ def build_rewards(cfg: Config) -> Rewards:
 def eval_metric(cfg: Config) -> str:
     """The verifier whose score is the accuracy: eval.metric, or the first verifier of the config."""
     names = [v.name for v in cfg.verifiers]
+    if not names:
+        raise ConfigError(
+            "verifiers: [] -- GRPO scores every episode with at least one verifier; add one, e.g. "
+            "`verifiers: [{name: exact_match}]` (`mmgrpo list` shows the registered ones)"
+        )
     metric = cfg.eval.metric or (names[0] if names else "")
     if metric not in names:
         raise ConfigError(f"eval.metric='{metric}' is not one of the configured verifiers {names}")

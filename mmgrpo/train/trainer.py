@@ -37,7 +37,7 @@ from mmgrpo.model.adapters import embedding_parameters
 from mmgrpo.model.io import PRECISION, check_precision
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import RolloutBatch, rollout
-from mmgrpo.train import dynamic, fsdp_setup, metrics, microbatch
+from mmgrpo.train import batch_fit, dynamic, fsdp_setup, metrics, microbatch
 from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, ... stay importable from here)
     build_env_factory,
     build_rewards,
@@ -96,6 +96,7 @@ class Trainer:
         set_seed(cfg.seed + self.accelerator.process_index)  # each process samples its own episodes
         self.sharded = fsdp_setup.wanted(cfg, self.accelerator)  # FSDP2: checked before the model loads
         self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
+        batch_fit.check(cfg, self.policy, self.make_env, self.accelerator.device, self.accelerator.num_processes)
         # rollout.engine=vllm: sampling in a vLLM process, weights pushed after optimizer steps
         self.policy.sampler = start_sampler(
             cfg, self.out, self.accelerator.num_processes, self.policy.model, self.policy.processor

@@ -31,6 +31,7 @@ from mmgrpo.errors import WarmStartError
 from mmgrpo.model import engine
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import reset_group
+from mmgrpo.rollout.evaluation import distinct_episodes
 from mmgrpo.train.warmstart import demonstration_batch, warm_start
 
 EVAL_SEEDS = 0  # held-out tasks: the eval split's first seeds (disjoint from the warm start's)
@@ -64,6 +65,9 @@ def check_skill(
 ) -> SkillCheck | None:
     """Measure the warm start's skill on ``tasks`` held-out tasks; None when there is nothing to check."""
     env = make_env()
+    tasks = distinct_episodes(lambda: env, tasks)  # a 4-row eval split is 4 tasks, not check_tasks of them
+    if tasks < 1:
+        return None
     seeds = list(range(EVAL_SEEDS, EVAL_SEEDS + tasks))
     was_training = policy.model.training
     policy.model.eval()
