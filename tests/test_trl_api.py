@@ -259,3 +259,36 @@ def test_a_callback_stops_the_run_with_a_checkpoint_and_the_run_resumes(text_mod
     g.callbacks = []
     result = g.train(resume=True, progress=False)
     assert result.step == 2 and [r["step"] for r in records(out)] == [1, 2]
+
+
+def test_push_to_hub_uploads_the_final_folder_with_its_card(text_model_dir, tmp_path, monkeypatch):
+    """With a token, the final folder (model, card) goes to hub.repo_id after training (the hub faked here:
+    no network)."""
+    import huggingface_hub
+
+    pushed = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, private, exist_ok):
+            pushed.append(("create", repo_id, private, exist_ok))
+            return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+        def upload_folder(self, folder_path, repo_id, commit_message):
+            pushed.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_fake")
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    out = tmp_path / "run"
+    f = lambda completions, **kw: [float(len(c) % 2) for c in completions]  # noqa: E731
+    result = mmgrpo.GRPO(
+        model=str(text_model_dir),
+        reward_funcs=f,
+        train_dataset=ROWS,
+        output_dir=str(out),
+        push_to_hub=True,
+        hub_model_id="me/tiny",
+        **SMALL,
+    ).train(progress=False)
+    assert result.hub_url == "https://huggingface.co/me/tiny"
+    assert pushed[0] == ("create", "me/tiny", True, True)
+    assert pushed[1][:2] == ("upload", "me/tiny") and {"README.md", "model.safetensors"} <= set(pushed[1][2])

@@ -405,6 +405,7 @@ NO_EFFECT_ON_TRAINING = (
     "grpo.keep_checkpoints",
     "grpo.log_every",
     "logging.",
+    "hub.",
     "model.lora.save",
 )
 """Keys (or prefixes) that change what is written, not what is trained."""
