@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from mmgrpo.tools.visible import visible
 from mmgrpo.verifier import extract_tag
 
 ANSWERS_MAX = 12
@@ -35,7 +36,10 @@ def answer_table(trajectories: Iterable[Any], tag: str = "answer") -> dict[str, 
         row[given] = row.get(given, 0) + 1
         if len(rows) > ANSWERS_MAX:
             return {}
-    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in sorted(rows.items(), key=lambda kv: answer_order(kv[0]))}
+    return {
+        k: dict(sorted(v.items(), key=lambda kv: -kv[1]))
+        for k, v in sorted(rows.items(), key=lambda kv: answer_order(kv[0]))
+    }
 
 
 def answer_coverage(table: dict[str, dict[str, int]]) -> float | None:
@@ -72,8 +76,10 @@ def answer_table_lines(table: dict[str, dict[str, int]], top: int = 4) -> list[s
     """One line per true answer: ``true 2 (n=46): "1" 26, "3" 20`` (its ``top`` most given answers)."""
     lines = []
     for true, given in table.items():
-        shown = ", ".join((g if g == NO_ANSWER else f'"{g}"') + f" {n}" for g, n in list(given.items())[:top])
+        shown = ", ".join(
+            (g if g == NO_ANSWER else f'"{visible(g)}"') + f" {n}" for g, n in list(given.items())[:top]
+        )
         rest = sum(list(given.values())[top:])
         more = f", {rest} other" if rest else ""
-        lines.append(f"true {true} (n={sum(given.values())}): {shown}{more}")
+        lines.append(f"true {visible(true)} (n={sum(given.values())}): {shown}{more}")
     return lines

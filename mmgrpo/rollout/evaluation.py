@@ -24,6 +24,7 @@ from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.answers import answer_table
 from mmgrpo.rollout.episodes import Trajectory, episode_metrics, rollout
 from mmgrpo.rollout.success import SuccessRule, choose_rule, env_rule, successes, verifier_rule
+from mmgrpo.tools.visible import visible
 from mmgrpo.verifier import Rewards
 
 
@@ -284,15 +285,16 @@ def write_eval(result: EvalResult, model_dir: str | Path) -> Path:
 
 
 def write_transcripts(result: EvalResult, out_dir: str | Path) -> Path | None:
-    """Save the kept conversations as ``transcripts/episode-K.md`` (text) with their images as PNG files
-    beside them; returns the folder, or None when there is nothing to save. An empty or whitespace-only
+    """Save the kept conversations as ``transcripts/episode-K.md`` (text, control characters written as
+    escapes: ``mmgrpo.tools.visible``) with their images as PNG files beside them; returns the folder, or
+    None when there is nothing to save. An empty or whitespace-only
     message shows as ``(empty reply)`` / ``(whitespace only: '\\n\\n')``, not as blank lines."""
     if not result.transcripts:
         return None
 
     def blank(text: str, role: str) -> str:  # a message with no image and no visible text
         empty = "(empty reply)" if role == "assistant" else "(empty message)"
-        return empty if not text else f"(whitespace only: {text!r})"
+        return empty if not text else f"(whitespace only: {text!r})"  # repr: control characters escaped
 
     folder = Path(out_dir) / "transcripts"
     folder.mkdir(parents=True, exist_ok=True)
@@ -311,7 +313,7 @@ def write_transcripts(result: EvalResult, out_dir: str | Path) -> Path | None:
                     part["image"].save(folder / name)
                     lines.append(f"![image]({name})")
                 elif part.get("text", "").strip():
-                    lines.append(part["text"])
+                    lines.append(visible(part["text"]))  # a terminal or viewer runs no escape from a tool
             lines.append("")
         (folder / f"episode-{k}.md").write_text("\n".join(lines))
     return folder
