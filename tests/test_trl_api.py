@@ -292,3 +292,25 @@ def test_push_to_hub_uploads_the_final_folder_with_its_card(text_model_dir, tmp_
     assert result.hub_url == "https://huggingface.co/me/tiny"
     assert pushed[0] == ("create", "me/tiny", True, True)
     assert pushed[1][:2] == ("upload", "me/tiny") and {"README.md", "model.safetensors"} <= set(pushed[1][2])
+
+
+def test_a_datasets_dataset_is_saved_and_read_as_its_rows(text_model_dir, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    seen = []
+
+    def f(prompts, completions, answer, **kwargs):
+        seen.append((list(prompts), list(answer)))
+        return [float(len(c) % 2) for c in completions]
+
+    out = tmp_path / "run"
+    ds = datasets.Dataset.from_list(ROWS)
+    result = mmgrpo.GRPO(
+        model=str(text_model_dir), reward_funcs=f, train_dataset=ds, output_dir=str(out), **SMALL
+    ).train(progress=False)
+    path = Path(result.trainer.cfg.env.kwargs["path"])
+    assert path.parent == out / "data" and path.is_dir()  # save_to_disk's folder, named by the fingerprint
+    assert seen[0] == (
+        [ROWS[0]["prompt"]] * 2 + [ROWS[1]["prompt"]] * 2,
+        [ROWS[0]["answer"]] * 2 + [ROWS[1]["answer"]] * 2,
+    )
+    assert result.step == 2
