@@ -233,6 +233,16 @@ class GRPOConfig(Section):
     reward_combination: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """Several verifiers: weighted sum of rewards, then group normalisation; or each reward normalised
     within its group, then the weighted sum (a small-scale reward then counts as much as a large one)."""
+    credit: Literal["episode", "discounted", "gigpo"] = "episode"
+    """Multi-turn credit (mmgrpo.grpo.turn_credit): one advantage per episode (GRPO); per turn from discounted
+    returns of the env's per-turn rewards; or GiGPO (episode advantage + credit_omega x the turn's advantage
+    among the group's turns that saw the same state, the env's info["state"])."""
+    credit_gamma: float = 0.95
+    """Discount of later turns' rewards in a turn's return (credit: discounted, gigpo)."""
+    credit_omega: float = 1.0
+    """GiGPO: weight of the step-level advantage added to the episode-level one."""
+    credit_norm: Literal["position", "group"] = "position"
+    """credit: discounted: each turn normalised against the same turn of the group's episodes, or all turns."""
     clip_eps_low: float = 0.2
     """The ratio is clipped below at 1 - clip_eps_low."""
     clip_eps_high: float = 0.2
@@ -320,6 +330,7 @@ class GRPOConfig(Section):
         for name in ("steps", "warmup_steps", "top_k", "save_every", "eval_every", "weight_decay", "beta"):
             self._require(getattr(self, name) >= 0, name, "must be >= 0")
         self._require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
+        self._require(0.0 <= self.credit_gamma <= 1.0, "credit_gamma", "must be in [0, 1]")
         self._require(self.epochs is None or self.epochs > 0, "epochs", "must be > 0 (or null: grpo.steps)")
         self._require(
             self.bare_steps == 0 or self.bare_steps < self.steps,

@@ -77,6 +77,9 @@ class Trajectory:
     response_vision: VisionInputs = field(default_factory=lambda: VisionInputs(images_per_seq=[0]))
     seed: int | None = None  # the task seed the env was reset on
     env_metrics: dict[str, float] = field(default_factory=dict)  # the env's own, last value per name
+    turn_states: list = field(default_factory=list)
+    """Per policy turn, the env's ``info["state"]`` it answered (from reset, then from each step), where the
+    env gives one: GiGPO's step groups (grpo.credit)."""
     sampled_logp: list[float] | None = field(default_factory=list)
     """Per response token, the sampler's log-prob as it was drawn (NaN on env tokens); None when a turn came
     from a sampler that gives none (a Policy subclass's own ``generate``)."""
@@ -215,6 +218,7 @@ def rollout(
             response_ids=[],
             loss_mask=[],
             seed=seeds[kept[rows[i]]],
+            turn_states=[tasks[rows[i]]["state"]] if "state" in tasks[rows[i]] else [],
         )
         for i in range(N)
     ]

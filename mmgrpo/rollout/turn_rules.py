@@ -38,6 +38,8 @@ def take_env_result(t, result: tuple, max_turns: int) -> list[dict] | None:
     t.tool_calls += int(info.get("tool_calls", 0))
     for kind, n in (info.get("tool_failures") or {}).items():
         t.tool_failures[kind] = t.tool_failures.get(kind, 0) + int(n)
+    if "state" in info:  # the state the next turn answers (GiGPO's step groups)
+        t.turn_states.append(info["state"])
     for name, value in (info.get("metrics") or {}).items():
         if isinstance(value, (int, float)):
             t.env_metrics[str(name)] = float(value)

@@ -50,7 +50,7 @@ def step_record(
             if bool(torch.isfinite(rewards).all())
             else {"reward_std_within_group": float("nan"), "frac_zero_std_groups": float("nan")}
         ),
-        "adv_abs_mean": float(adv.abs().mean()),
+        "adv_abs_mean": float(_on_policy(adv, batch).abs().mean()),
         **stats,
         "lr": lr,
         "completion_len": sum(lengths) / len(lengths),
@@ -145,3 +145,11 @@ def prompt_text(messages: list[dict]) -> str:
         text = c if isinstance(c, str) else "".join(p.get("text", "<image>") for p in c)
         parts.append(f"{m['role']}: {text}")
     return "\n".join(parts)
+
+
+def _on_policy(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """Advantages per episode (N,) as they are; per token (N, T, grpo.credit) on the policy's tokens only."""
+    if adv.dim() == 2:
+        on = batch.tokens.loss_mask.bool()
+        return adv[on] if bool(on.any()) else adv.new_zeros(1)
+    return adv

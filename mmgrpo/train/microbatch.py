@@ -151,7 +151,7 @@ def update(
                     logp,
                     old_lp[k],
                     ref_lp[k],
-                    adv[rows].to(logp.device),
+                    adv[rows][..., : logp.shape[1]].to(logp.device) if adv.dim() == 2 else adv[rows].to(logp.device),
                     mb.loss_mask.to(logp.device),
                     clip_eps_low=g.clip_eps_low,
                     clip_eps_high=g.clip_eps_high,

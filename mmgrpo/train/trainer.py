@@ -37,7 +37,7 @@ from mmgrpo.model.adapters import embedding_parameters
 from mmgrpo.model.io import PRECISION, check_precision
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import RolloutBatch, rollout
-from mmgrpo.train import batch_fit, dynamic, fsdp_setup, metrics, microbatch
+from mmgrpo.train import batch_fit, credit, dynamic, fsdp_setup, metrics, microbatch
 from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, ... stay importable from here)
     build_env_factory,
     build_rewards,
@@ -220,7 +220,7 @@ class Trainer:
             if g.kl_in == "reward" and self.kl_ctl.beta > 0:
                 seq_kl, reward_kl = microbatch.reward_kl(policy, self.accelerator, batch.tokens, G, g)
                 rewards = rewards - self.kl_ctl.beta * seq_kl  # (N,)
-            adv = self.advantages(batch, scored, rewards, G)  # (N,)
+            adv = credit.assign(g, batch, self.advantages(batch, scored, rewards, G), rewards, ~scored.unscored)
             problem = self.agree_finite(check_finite(step, {}, adv))
         t1 = time.perf_counter()
         if problem is None:
