@@ -76,3 +76,18 @@ def test_the_snippet_on_the_page_runs_as_written(text_model_dir, tmp_path):
     ]
     assert [r["step"] for r in records] == [1, 2] and float(reward) == records[-1]["reward"]
     assert final == "runs/grpo/final" and (tmp_path / final / "model.safetensors").is_file()
+
+
+def test_the_readme_snippet_runs_as_written(text_model_dir, tmp_path):
+    """The README's Python API snippet (a shorter form of the page's) trains as written, 2 steps."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "mmgrpo.GRPO(" in snippet and "max_steps=20" in snippet
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tiny-text-model").symlink_to(text_model_dir)
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet.replace("max_steps=20", "max_steps=2") + "print(result.step, result.final)\n")
+    done = python([str(script)], tmp_path)
+    assert done.stdout.split()[-2:] == ["2", "runs/grpo/final"]
+    assert (tmp_path / "runs" / "grpo" / "final" / "README.md").is_file()  # the model card

@@ -25,8 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # the pages this README's rewrite moved its lab notes to (their links are checked too)
 MOVED_TO = ["results", "agents", "tools", "tiny_vlm", "grpo", "speed", "runs", "real_models"]
-# written beside this change by the Python API work (issue 54, point 2); its link may land first
-PENDING = {"docs/python_api.md"}
 NO_PROGRESS = {"train", "eval", "probe"}  # the slow test adds --no-progress: bars only clutter its capture
 
 
@@ -89,14 +87,11 @@ def test_relative_links_point_at_files(page):
     links = relative_links(ROOT / page)
     assert links, f"{page} links nowhere"
     missing = [link for link, file in links if not file.exists()]
-    pending = [link for link in missing if link in PENDING]
-    assert not [link for link in missing if link not in PENDING], f"{page}: broken links {missing}"
+    assert not missing, f"{page}: broken links {missing}"
     for link, file in links:
         anchor = link.partition("#")[2]
         if anchor and file.exists():
             assert anchor in anchors(file), f"{page}: {link} names no heading of {file.name}"
-    if pending:
-        pytest.xfail(f"{pending} is being written beside this change (issue 54)")
 
 
 def test_every_docs_page_is_linked_from_the_readme():
