@@ -30,9 +30,8 @@ from mmgrpo.env import ChatEnv
 from mmgrpo.errors import WarmStartError
 from mmgrpo.model import engine
 from mmgrpo.model.policy import Policy
-from mmgrpo.rollout.episodes import reset_group
 from mmgrpo.rollout.evaluation import distinct_episodes
-from mmgrpo.train.warmstart import demonstration_batch, warm_start
+from mmgrpo.train.warmstart import demonstration_batch, reset_tasks, warm_start
 
 EVAL_SEEDS = 0  # held-out tasks: the eval split's first seeds (disjoint from the warm start's)
 
@@ -115,7 +114,7 @@ def target_pattern(template: str) -> re.Pattern[str]:
 
 
 def _info_of(env: ChatEnv, seed: int) -> dict:
-    return reset_group([env], seed, "eval")[1]
+    return reset_tasks(env, [seed], "eval")[0][2]
 
 
 def _probe_passes(policy: Policy, env: ChatEnv, seeds: list[int]) -> list[bool]:
@@ -135,12 +134,12 @@ def _greedy_first_turns(
     policy: Policy, env: ChatEnv, seeds: list[int], max_new_tokens: int
 ) -> list[tuple[dict, str]]:
     """Per seed, the held-out task's info and the policy's greedy first turn."""
-    resets = [reset_group([env], s, "eval") for s in seeds]
+    resets = reset_tasks(env, seeds, "eval")  # a task the env cannot pose is left out (it counts as failed)
     ids, mask, vision = policy.encode_prompts(
-        [obs for obs, _ in resets], [info.get("tools") for _, info in resets]
+        [obs for _, obs, _ in resets], [info.get("tools") for _, _, info in resets]
     )
     completions, _ = policy.generate(ids, mask, vision, max_new_tokens=max_new_tokens, temperature=0.0)
-    return [(info, policy.decode(c)) for (_, info), c in zip(resets, completions, strict=True)]
+    return [(info, policy.decode(c)) for (_, _, info), c in zip(resets, completions, strict=True)]
 
 
 @dataclass

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from mmgrpo.env import ChatEnv, DemoTurn, assistant, bare_prompt, turn_pieces
-from mmgrpo.errors import ConfigError
+from mmgrpo.errors import ConfigError, EnvError
 from mmgrpo.model.batch import TokenBatch, VisionInputs, pad_right
 from mmgrpo.model.policy import Policy
 from mmgrpo.rollout.episodes import reset_group
@@ -112,7 +112,7 @@ def warm_start(
             "none. Use source: format."
         )
     probe = getattr(env, "skill_probe", None) if source == "env" else None
-    if drill_steps > 0 and (probe is None or probe(reset_group([env], 10_000_000, "train")[1]) is None):
+    if drill_steps > 0 and (probe is None or probe(reset_tasks(env, [10_000_000])[0][2]) is None):
         raise ConfigError(
             f"warm_start.drill_steps: {type(env).__name__} has no skill drill (a ToolEnv's skill_probe); "
             "set warm_start.drill_steps: 0"
@@ -140,11 +140,11 @@ def warm_start(
             seeds = task_seeds(step)
             bare = [rng.random() < bare_share for _ in seeds] if bare_share > 0 else False
             return demonstration_batch(policy, env, seeds, rng, bare=bare)
-        resets = [reset_group([env], s, "train") for s in task_seeds(step)]
-        answers = [info.get("answer") for _, info in resets] if "{answer}" in template else None
-        targets = format_targets(template, low, high, batch_size, rng, answers, random_share)
-        tools = [info.get("tools") or None for _, info in resets]  # the schemas GRPO's prompts will show
-        return supervised_batch(policy, [obs for obs, _ in resets], targets, tools)
+        resets = reset_tasks(env, task_seeds(step))  # a task the env cannot pose is left out
+        answers = [info.get("answer") for _, _, info in resets] if "{answer}" in template else None
+        targets = format_targets(template, low, high, len(resets), rng, answers, random_share)
+        tools = [info.get("tools") or None for _, _, info in resets]  # the schemas GRPO's prompts will show
+        return supervised_batch(policy, [obs for _, obs, _ in resets], targets, tools)
 
     phases = []  # (name, steps, batches, learning rate, whether the skill check may end it)
     if drill_steps > 0 and drill_bare_steps > 0:
@@ -190,16 +190,42 @@ def warm_start(
     return state["loss"]
 
 
+def reset_tasks(env: ChatEnv, seeds: list[int], split: str = "train") -> list[tuple[int, list[dict], dict]]:
+    """``(seed, messages, info)`` of each task of ``seeds`` the env can pose. A reset that raises leaves its
+    task out, as GRPO's rollout does (a bad task is data, not a crash); when no task can be posed, one
+    EnvError naming the env, the first seed and its error (a traceback through the warm start before)."""
+    posed, first = [], None
+    for s in seeds:
+        try:
+            messages, info = reset_group([env], s, split)
+        except Exception as exc:
+            first = first or (s, f"{type(exc).__name__}: {exc}")
+            continue
+        posed.append((s, messages, info))
+    if not posed and first is not None:
+        raise none_posed(env, seeds, split, first)
+    return posed
+
+
+def none_posed(env: ChatEnv, seeds: list[int], split: str, first: tuple[int, str]) -> EnvError:
+    """The one line of a warm start whose env raised in reset() for every task of ``seeds``."""
+    return EnvError(
+        f"warm start: env {type(env).__name__} raised in reset() for every task it was asked to pose "
+        f"({len(seeds)} {split} seeds); first: seed {first[0]}: {first[1]}"
+    )
+
+
 def example_pool(env: ChatEnv, examples: int, scan: int = 5000) -> list[int]:
     """``examples`` training-task seeds for a cold start on true examples, as varied as possible: the
     first task of each answer not seen yet (within ``scan`` seeds), then the earliest unused ones. A pool
     that never shows some answer leaves it unlikely to be sampled, so GRPO never finds it (measured on
     text_math: eight examples with sums 2..7 plateaued at 0.85, the sums 0, 1 and 8 never answered)."""
     first_of: dict[str, int] = {}
-    for k in range(scan):
-        seed = 10_000_000 + k
-        answer = str(reset_group([env], seed, "train")[1].get("answer"))
-        first_of.setdefault(answer, seed)
+    for k in range(0, scan, 64):
+        for seed, _, info in reset_tasks(env, list(range(10_000_000 + k, 10_000_000 + min(k + 64, scan)))):
+            first_of.setdefault(str(info.get("answer")), seed)
+            if len(first_of) >= examples:
+                break
         if len(first_of) >= examples:
             break
     pool = sorted(first_of.values())[:examples]
@@ -228,8 +254,13 @@ def demonstration_batch(
     follow the calls); a list says it per seed."""
     prompts, tools, responses, masks, images = [], [], [], [], []
     bare_rows = bare if isinstance(bare, list) else [bare] * len(seeds)
+    first = None  # a task the env cannot pose is left out (the first failure is said if none is posed)
     for s, row_bare in zip(seeds, bare_rows, strict=True):
-        messages, info = env.reset(seed=s, options={"split": split})
+        try:  # each task is reset just before it is played: the env holds one episode at a time
+            messages, info = reset_group([env], s, split)
+        except Exception as exc:
+            first = first or (s, f"{type(exc).__name__}: {exc}")
+            continue
         if row_bare:
             messages, info = bare_prompt(messages), {**info, "tools": None}
         turns = (play(info) if play is not None else env.demonstration(info, rng)) or []
@@ -254,6 +285,8 @@ def demonstration_batch(
         responses.append(ids)
         masks.append(mask)
         images.append(VisionInputs.one_sequence(row_images))
+    if not prompts and first is not None:
+        raise none_posed(env, seeds, split, first)
     prompt_ids, prompt_mask, vision = policy.encode_prompts(prompts, tools)  # (B, P)
     response_ids, response_mask = pad_right(responses, policy.pad_token_id)  # (B, T)
     loss_mask, _ = pad_right(masks, 0)  # (B, T)
