@@ -85,6 +85,7 @@ def _run(cfg: Config, out: Path, callbacks, resume, overwrite, progress, threads
     """:func:`run` with output_dir's lock held."""
     from mmgrpo.train.checkpoint import latest_checkpoint
     from mmgrpo.train.hub import push_to_hub
+    from mmgrpo.train.resume import finished_run
     from mmgrpo.train.threads import set_cpu_threads
     from mmgrpo.train.trainer import Trainer
 
@@ -111,6 +112,9 @@ def _run(cfg: Config, out: Path, callbacks, resume, overwrite, progress, threads
                     say(f"mmgrpo: resumed from {resume_from} at step {trainer.step}")
             elif cfg.warm_start.steps > 0:
                 trainer.warm_start()
+            done = finished_run(trainer) if resume_from is not None else None
+            if done is not None:  # all of grpo.steps done already: say so, write nothing
+                return RunResult(done, trainer.step, trainer.out, trainer.out / "final", trainer)
             stopper.in_grpo = True
             record = trainer.train()
     except KeyboardInterrupt:  # during the warm start: keep what there is

@@ -70,3 +70,33 @@ def truncate_metrics(path: Path, step: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(k + "\n" for k in kept))
     tmp.replace(path)
+
+
+def finished_run(trainer) -> dict[str, Any] | None:
+    """A resume of a run that has done all of grpo.steps, its final model saved: nothing to do. Says so in
+    one line (how to go on) and returns the last step's metrics record, so that nothing is written: before,
+    the run trained no step, printed "last reward nan", exited 0 and wrote final/ again with an empty model
+    card. None when there are steps to do (or final/ is missing: the run then writes it)."""
+    import sys
+
+    steps, final = trainer.cfg.grpo.steps, trainer.out / "final"
+    if trainer.step < steps or not (final / "config.json").is_file():
+        return None
+    records = []
+    if trainer.metrics_path.is_file():
+        for line in trainer.metrics_path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "stage" not in record and "reward" in record:
+                records.append(record)
+    if trainer.is_main:
+        print(
+            f"mmgrpo: nothing to do: the run in {trainer.out} already has {trainer.step} steps (grpo.steps="
+            f"{steps}) and its model in {final}; nothing was changed. To train on, raise grpo.steps: "
+            f"--set grpo.steps={steps + max(steps // 2, 1)} --resume",
+            file=sys.stderr,
+            flush=True,
+        )
+    return records[-1] if records else {}
