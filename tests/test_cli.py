@@ -249,6 +249,8 @@ def test_no_progress_turns_off_the_libraries_bars_too(monkeypatch):
 
     seen = []
     monkeypatch.setattr(app, "cmd_train", lambda args: seen.append(hf_logging.is_progress_bar_enabled()) or 0)
+    # as from a terminal (under pytest stderr is not one, and no bars are drawn: mmgrpo.train.progress)
+    monkeypatch.setattr("mmgrpo.train.progress.bars_wanted", lambda progress, stream=None: progress)
     hf_logging.enable_progress_bar()  # an earlier test's --no-progress left them off in this process
     try:
         assert app.main(["train", "any.yaml"]) == 0

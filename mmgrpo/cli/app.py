@@ -199,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    if hasattr(args, "no_progress") or args.command == "tiny-model":
+        from mmgrpo.train.progress import bars_wanted
+
+        if not bars_wanted(True):  # stderr not a terminal: no \r frames in the log (mmgrpo.train.progress)
+            args.progress_lines = not getattr(args, "no_progress", True)  # GRPO: a whole line now and then
+            args.no_progress = True
     if getattr(args, "no_progress", False):
         library_bars_off()
     try:

@@ -20,7 +20,7 @@ from mmgrpo.train.threads import set_cpu_threads
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model, count_parameters
+    from mmgrpo.tiny.vlm import TinyModelSpec, build_tiny_model
 
     out_dir = Path(args.out_dir)
     if args.marks and not args.sees:
@@ -43,6 +43,22 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
             out = build_tiny_model(out_dir, spec, sees=args.sees, pretrain=args.pretrain, marks=args.marks)
     except OSError as exc:  # nothing is left half-written: the model was built in OUT_DIR.partial
         raise write_error("the tiny model", out_dir, exc) from exc
+    except KeyboardInterrupt:  # save_whole removed OUT_DIR.partial; OUT_DIR is as it was
+        before = "left as it was" if out_dir.exists() else "not created"
+        raise Interrupted(
+            f"mmgrpo: interrupted while building the tiny model; nothing saved ({out_dir} {before}, the "
+            f"partial folder {out_dir}.partial removed)"
+        ) from None
+    try:
+        return tiny_model_summary(args, out)
+    except KeyboardInterrupt:  # the model is complete on disk: say so ("nothing saved" before)
+        raise Interrupted(f"mmgrpo: interrupted; the tiny model is complete and saved in {out}") from None
+
+
+def tiny_model_summary(args: argparse.Namespace, out: Path) -> int:
+    """The lines ``mmgrpo tiny-model`` prints about the model it saved to ``out`` (and its curves)."""
+    from mmgrpo.tiny.vlm import count_parameters
+
     if args.text_only:
         from transformers import AutoModelForCausalLM
 
@@ -130,6 +146,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """``mmgrpo train``: :func:`mmgrpo.run` (the same recipe as Python's), its outcome said in a line."""
     from mmgrpo.train.callbacks import TrainingStopped, WarmStartInterrupted
+    from mmgrpo.train.progress import ProgressLines
     from mmgrpo.train.recipe import LATEST, run
 
     resume = args.resume if args.resume != LATEST else True
@@ -141,6 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=not args.no_progress,
             threads=args.threads,
+            callbacks=[ProgressLines()] if getattr(args, "progress_lines", False) else (),
             _cli=True,
         )
     except WarmStartInterrupted:  # the recipe kept the model so far and said where
@@ -172,7 +190,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     from mmgrpo.config.core import load_config
     from mmgrpo.train.run_lock import RunLock
-    from mmgrpo.train.sft import run_sft
+    from mmgrpo.train.sft import SftInterrupted, run_sft
 
     cfg = load_config(args.config, args.set)
     out = Path(cfg.output_dir)
@@ -182,10 +200,12 @@ def cmd_sft(args: argparse.Namespace) -> int:
         set_cpu_threads(args.threads)
         try:
             summary = run_sft(cfg, progress=not args.no_progress)
-        except KeyboardInterrupt:
+        except SftInterrupted as stop:  # the model so far was saved: say where
+            raise Interrupted(f"mmgrpo: {stop} (use it as model.path)") from None
+        except KeyboardInterrupt:  # before the first step: nothing trained
             metrics = out / "metrics.jsonl"
             so_far = f"; its metrics so far are in {metrics}" if metrics.exists() else ""
-            raise Interrupted(f"mmgrpo: sft interrupted; no model saved{so_far}") from None
+            raise Interrupted(f"mmgrpo: sft interrupted before its first step; no model saved{so_far}") from None
     final = summary["final"]
     dropped = f" ({summary['dropped']} over-long rows dropped)" if summary["dropped"] else ""
     held = f", eval loss {summary['eval_loss']:.3f}" if "eval_loss" in summary else ""

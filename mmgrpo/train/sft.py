@@ -388,6 +388,14 @@ def _drop_long(
     return kept, len(examples) - len(kept)
 
 
+class SftInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``run_sft``: the model after ``step`` of ``steps`` steps was saved to ``path``."""
+
+    def __init__(self, path: Path, step: int, steps: int):
+        super().__init__(f"sft interrupted after step {step} of {steps}; the model so far is in {path}")
+        self.path, self.step, self.steps = path, step, steps
+
+
 def run_sft(cfg: Config, policy: Policy | None = None, progress: bool = True) -> dict[str, Any]:
     """Supervised fine-tuning of ``cfg.sft`` (see the module docstring); saves ``{output_dir}/final``.
 
@@ -465,43 +473,51 @@ def run_sft(cfg: Config, policy: Policy | None = None, progress: bool = True) ->
         losses: list[float] = []
         total_tokens = 0
         bar = tqdm(total=steps, desc="sft", unit="step", disable=not progress)
-        for step, rows in enumerate(batch_rows(len(train), s.batch_size, steps, cfg.seed, s.shuffle), 1):
-            batch = example_batch(policy, [train[i] for i in rows])
-            num_tokens = int(batch.loss_mask.sum())
-            optimizer.zero_grad(set_to_none=True)
-            loss = 0.0
-            for start in range(0, len(rows), micro):
-                mb = (
-                    batch
-                    if micro >= len(rows)
-                    else batch.select(list(range(start, min(start + micro, len(rows)))))
-                )
-                part = masked_nll(policy.logprobs(mb, scored=mb.loss_mask.bool()), mb.loss_mask, num_tokens)
-                accelerator.backward(part)
-                loss += float(part.detach())
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"sft step {step}: loss is {loss}; lower sft.lr")
-            grad_norm = float(accelerator.clip_grad_norm_(params, s.max_grad_norm))
-            optimizer.step()
-            scheduler.step()
-            losses.append(loss)
-            total_tokens += num_tokens
-            if step % s.log_every == 0 or step == steps:
-                log(
-                    {
-                        "stage": "sft",
-                        "step": step,
-                        "loss": loss,
-                        "tokens": num_tokens,
-                        "lr": scheduler.get_last_lr()[0],
-                        "grad_norm": grad_norm,
-                        "epoch": step * s.batch_size / len(train),
-                    }
-                )
-            if held and s.eval_every and step % s.eval_every == 0 and step != steps:
-                log({"stage": "sft", "step": step, "eval_loss": eval_loss(policy, held, micro)})
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}")
+        try:
+            for step, rows in enumerate(batch_rows(len(train), s.batch_size, steps, cfg.seed, s.shuffle), 1):
+                batch = example_batch(policy, [train[i] for i in rows])
+                num_tokens = int(batch.loss_mask.sum())
+                optimizer.zero_grad(set_to_none=True)
+                loss = 0.0
+                for start in range(0, len(rows), micro):
+                    mb = (
+                        batch
+                        if micro >= len(rows)
+                        else batch.select(list(range(start, min(start + micro, len(rows)))))
+                    )
+                    part = masked_nll(
+                        policy.logprobs(mb, scored=mb.loss_mask.bool()), mb.loss_mask, num_tokens
+                    )
+                    accelerator.backward(part)
+                    loss += float(part.detach())
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"sft step {step}: loss is {loss}; lower sft.lr")
+                grad_norm = float(accelerator.clip_grad_norm_(params, s.max_grad_norm))
+                optimizer.step()
+                scheduler.step()
+                losses.append(loss)
+                total_tokens += num_tokens
+                if step % s.log_every == 0 or step == steps:
+                    log(
+                        {
+                            "stage": "sft",
+                            "step": step,
+                            "loss": loss,
+                            "tokens": num_tokens,
+                            "lr": scheduler.get_last_lr()[0],
+                            "grad_norm": grad_norm,
+                            "epoch": step * s.batch_size / len(train),
+                        }
+                    )
+                if held and s.eval_every and step % s.eval_every == 0 and step != steps:
+                    log({"stage": "sft", "step": step, "eval_loss": eval_loss(policy, held, micro)})
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+        except KeyboardInterrupt:  # Ctrl-C: keep the model so far, as `mmgrpo train` does
+            bar.close()
+            where = out / "interrupted"
+            save_run(accelerator, policy, cfg, where)
+            raise SftInterrupted(where, len(losses), steps) from None
         bar.close()
         if held:
             summary["eval_loss"] = eval_loss(policy, held, micro)
