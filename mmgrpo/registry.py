@@ -39,6 +39,7 @@ from mmgrpo.verifier import Verifier, from_trl
 __all__ = [
     "Registry",
     "describe",
+    "import_optional",
     "is_trl_reward",
     "list_envs",
     "list_verifiers",
@@ -211,7 +212,15 @@ class Registry:
                     f"{self.kind} '{name}': {exc}.{_suggest(kwargs, signature)} Its factory is "
                     f"{_shown(factory, signature)}.{hint}"
                 ) from None
-        return factory(**kwargs)
+        try:
+            return factory(**kwargs)
+        except ImportError as exc:  # an optional package the factory imports is missing or broken
+            package = (exc.name or "").split(".")[0] or "a package it imports"
+            raise ConfigError(
+                f"{self.kind} '{name}' ({self._entries[name].source}) could not import {package}: "
+                f"{type(exc).__name__}: {exc}. Install or reinstall {package} (the extra of the package that "
+                f"provides '{name}', or pip install {package})"
+            ) from None
 
     def source(self, name: str) -> str:
         """Where ``name`` comes from: 'builtin', 'plugin <dist>' or 'registered in code'."""
@@ -236,6 +245,33 @@ class Registry:
 
 ENVS = Registry("env", "mmgrpo.envs")
 VERIFIERS = Registry("verifier", "mmgrpo.verifiers")
+
+
+def import_optional(module: str, who: str, package: str, install: str) -> Any:
+    """``import module`` for ``who`` (e.g. "env 'textarena'"), which needs the optional ``package``, or one
+    ConfigError line: not installed (install with ``install``), or installed but broken (any exception while
+    importing it: a raw traceback before), naming the package, where it is, the original error and the
+    reinstall command."""
+    import importlib
+    import importlib.util
+
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            spec = importlib.util.find_spec(module)
+        except Exception:  # a broken parent package
+            spec = None
+        if spec is None:
+            raise ConfigError(
+                f"{who} needs the {package} package ({error}); install it with: {install}"
+            ) from None
+        where = spec.origin or (list(spec.submodule_search_locations or []) or ["?"])[0]
+        raise ConfigError(
+            f"{who}: the installed {package} package ({where}) fails to import: {error}. Reinstall it, or the "
+            f"package it names, with: {install}"
+        ) from None
 
 
 def register_env(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:

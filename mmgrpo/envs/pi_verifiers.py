@@ -62,12 +62,14 @@ TOTAL = "verifiers_reward"
 
 
 def _import_v1() -> Any:
-    try:
-        import verifiers
-    except ImportError as e:
-        raise ConfigError(
-            "env 'verifiers' needs Prime Intellect's verifiers package (>= 0.4): pip install 'mmgrpo[pi-verifiers]'"
-        ) from e
+    from mmgrpo.registry import import_optional
+
+    verifiers = import_optional(
+        "verifiers",
+        "env 'verifiers'",
+        "Prime Intellect verifiers (>= 0.4)",
+        "pip install 'mmgrpo[pi-verifiers]'",
+    )
     try:
         import verifiers.v1 as vf
     except ImportError as e:

@@ -41,13 +41,9 @@ _GLOBAL_RANDOM = threading.Lock()
 
 def import_textarena() -> Any:
     """The ``textarena`` module, or a ConfigError naming the extra that installs it."""
-    try:
-        import textarena
-    except ImportError as exc:
-        raise ConfigError(
-            f"env 'textarena' needs the textarena package ({exc}); install it with: {EXTRA}"
-        ) from None
-    return textarena
+    from mmgrpo.registry import import_optional
+
+    return import_optional("textarena", "env 'textarena'", "textarena", EXTRA)
 
 
 def new_part(previous: str, current: str, role: str = "Player") -> str:

@@ -26,13 +26,9 @@ EXTRA = "pip install 'mmgrpo[reasoning-gym]' (or pip install reasoning-gym)"
 
 def import_reasoning_gym() -> Any:
     """The ``reasoning_gym`` module, or a ConfigError naming the extra that installs it."""
-    try:
-        import reasoning_gym
-    except ImportError as exc:
-        raise ConfigError(
-            f"env 'reasoning_gym' needs the reasoning-gym package ({exc}); install it with: {EXTRA}"
-        ) from None
-    return reasoning_gym
+    from mmgrpo.registry import import_optional
+
+    return import_optional("reasoning_gym", "env 'reasoning_gym'", "reasoning-gym", EXTRA)
 
 
 @functools.lru_cache(maxsize=64)
