@@ -269,3 +269,40 @@ def test_a_factory_whose_import_fails_is_one_line_naming_the_package(monkeypatch
             make_env("needs_missing")
     finally:
         ENVS._entries.pop("needs_missing", None)
+
+
+# --------------------------------------------------------------------- accelerate launch, 2 processes, warm start
+def _launch_train(tmp_path: Path, model: Path, *sets: str) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of ``mmgrpo train`` (text_math) on 2 CPU processes (torchrun's launcher, gloo)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    cmd += [
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+    ]
+    cmd += ["-m", "mmgrpo", "train", TEXT_MATH, "--no-progress"]
+    cmd += _sets(
+        f"model.path={model}", f"output_dir={tmp_path / 'run'}", "warm_start.steps=2", "grpo.steps=1", *sets
+    )
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+
+def test_a_text_env_on_the_vlm_warm_starts_on_two_processes(tiny_model_dir, tmp_path):
+    # the VLM's vision tower trains (freeze_vision: false) and sees no image: inside DDP the warm start's
+    # second step stopped with "parameters that were not used in producing loss"
+    res = _launch_train(tmp_path, tiny_model_dir, "warm_start.min_skill=0", "model.freeze_vision=false")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "not used in producing loss" not in res.stderr
+    assert "train: 1 steps" in res.stdout
+
+
+def test_a_failed_warm_start_check_on_two_processes_is_said_once(tiny_model_dir, tmp_path):
+    res = _launch_train(tmp_path, tiny_model_dir)  # 2 steps teach nothing: the check (0.5) fails
+    assert res.returncode != 0
+    assert len(_errors(res.stderr)) == 1, res.stderr[-4000:]  # once per process before
+    assert "the warm start did not teach the skill GRPO needs" in _errors(res.stderr)[0]

@@ -212,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     except MmgrpoError as exc:
         if debug:
             raise
-        print(f"mmgrpo: error: {exc}", file=sys.stderr)
+        from mmgrpo.train.distributed import said_by_main_only
+
+        if not said_by_main_only(exc):  # under accelerate launch: once, not once per process
+            print(f"mmgrpo: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         if debug:

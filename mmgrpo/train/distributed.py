@@ -133,3 +133,38 @@ def outside_ddp(policy):
         yield
     finally:
         policy.model = wrapped
+
+
+@contextlib.contextmanager
+def warm_start_outside_ddp(trainer):
+    """The warm start on every process alike, on the bare module (no DDP collectives), then the main
+    process's weights made everyone's. Every process warm-starts on the same demonstrations, so DDP's
+    averaging changed nothing there; inside DDP, a text env on a VLM whose vision tower trains
+    (model.freeze_vision: false) stopped at the second step with DDP's "parameters that were not used in
+    producing loss" (the vision tower sees no image). The skill checks inside are decided by the main
+    process (mmgrpo.train.warm_check.main_process_says), so every process stops at the same step. After an
+    error nothing is broadcast (a peer may not be in the collective)."""
+    if trainer.world <= 1:
+        yield
+        return
+    with outside_ddp(trainer.policy):
+        yield
+    import torch.distributed as dist
+
+    module = unwrap(trainer.policy.model)
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+
+
+def said_by_main_only(exc: BaseException) -> bool:
+    """Whether this process of ``accelerate launch`` leaves an error's line to the main process: an error
+    every process meets alike (a config's, or the warm start's check, which the main process decides), once
+    printed by every process. Errors a process may meet alone (a step's env or data) are still said by it."""
+    import os
+
+    from mmgrpo.errors import ConfigError, WarmStartError
+    from mmgrpo.train.run_lock import is_launch_main_process
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or is_launch_main_process():
+        return False
+    return isinstance(exc, (ConfigError, WarmStartError))

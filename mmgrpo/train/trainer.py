@@ -53,7 +53,7 @@ from mmgrpo.train.builders import (  # noqa: F401  (eval_metric, build_rewards, 
 from mmgrpo.train.callbacks import Callbacks, TrainingStopped
 from mmgrpo.train.checkpoint import load_checkpoint, register_model_hooks, resume_changes, save_checkpoint
 from mmgrpo.train.diagnostics import Diagnostics
-from mmgrpo.train.distributed import gather_objects, outside_ddp, shard
+from mmgrpo.train.distributed import gather_objects, outside_ddp, shard, warm_start_outside_ddp
 from mmgrpo.train.env_pool import EnvPool
 from mmgrpo.train.epochs import with_epoch_steps
 from mmgrpo.train.fault_sync import SKIPPED, account_faults, agree_finite
@@ -551,7 +551,7 @@ class Trainer:
         for p in self.frozen_embeddings:  # the warm start trains them; GRPO then leaves them as they are
             p.requires_grad_(True)
         try:
-            with self.pool.scope() as make_env:  # the warm start's envs are closed when it ends
+            with self.pool.scope() as make_env, warm_start_outside_ddp(self):  # envs closed at its end
                 done = warm_start_and_check(
                     self.policy,
                     make_env,

@@ -175,6 +175,7 @@ def warm_start_and_check(
 
     def measure(step: int):
         check = check_skill(policy, make_env, source=w.source, template=w.target, tasks=w.check_tasks)
+        check = main_process_says(check)  # every process stops (or fails) at the same step
         if check is not None:
             checks.append((step, check))
             log({"stage": "warm_start_check", "step": step, "rate": check.rate, "n": check.n})
@@ -217,6 +218,19 @@ def warm_start_and_check(
                 print(f"warm start: {check.line()} after {steps_run['n']} steps", flush=True)
             require_skill(check, w.min_skill, steps=w.steps, lr=w.lr)
     return WarmStarted(nll, steps_run["n"], check)
+
+
+def main_process_says(obj):
+    """``obj`` as the main process has it, on every process of a launched run (itself otherwise): the warm
+    start runs outside DDP on every process (mmgrpo.train.distributed.warm_start_outside_ddp), and a check
+    read a hair apart on two GPUs must not stop one process's warm start and not the other's."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def full_prompt_drills(trainer) -> None:
