@@ -68,9 +68,10 @@ def test_every_env_is_closed_once_after_warm_start_eval_and_training(probe_confi
     from mmgrpo.train.trainer import Trainer
 
     trainer = Trainer(probe_config("warm_start.steps=1", "grpo.eval_every=1"), progress=False)
-    assert closes() == [1, 0, 0, 0, 0]  # the config check's env (closed at once) and the rollout's 2 x 2
+    # the config check's env and the batch-size check's (each closed at once), and the rollout's 2 x 2
+    assert closes() == [1, 1, 0, 0, 0, 0]
     trainer.warm_start()  # its env and its skill check's: closed when it ends
-    assert len(ClosingProbe.made) == 7 and closes() == [1, 0, 0, 0, 0, 1, 1]
+    assert len(ClosingProbe.made) == 8 and closes() == [1, 1, 0, 0, 0, 0, 1, 1]
     sample = trainer.policy.generate
 
     def finishing(*args, **kwargs):  # every turn ends (the tiny model seldom stops within 4 tokens), so
@@ -79,9 +80,9 @@ def test_every_env_is_closed_once_after_warm_start_eval_and_training(probe_confi
 
     trainer.policy.generate = finishing
     trainer.train()  # an evaluation per step (2 envs each, closed by it); the rollout's at the end
-    assert len(ClosingProbe.made) == 11 and closes() == [1] * 11
+    assert len(ClosingProbe.made) == 12 and closes() == [1] * 12
     trainer.close()  # again: nothing left to close
-    assert closes() == [1] * 11
+    assert closes() == [1] * 12
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     grpo = [r for r in records if "stage" not in r]
     assert [r["step"] for r in grpo] == [1, 2]
@@ -106,10 +107,10 @@ def test_envs_are_closed_on_an_error_and_on_ctrl_c_in_the_loop(probe_config, err
     trainer.train_step = failing_second_step
     with pytest.raises(type(error)):
         trainer.train()
-    assert trainer.step == 1 and closes() == [1, 1, 1, 1, 1]
-    assert len(trainer.envs) == 4 and closes() == [1, 1, 1, 1, 1, 0, 0, 0, 0]  # used again: new ones
+    assert trainer.step == 1 and closes() == [1, 1, 1, 1, 1, 1]  # the two checks' and the rollout's four
+    assert len(trainer.envs) == 4 and closes() == [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]  # used again: new ones
     trainer.close()
-    assert closes() == [1] * 9
+    assert closes() == [1] * 10
 
 
 def test_ctrl_c_in_the_warm_start_closes_every_env(probe_config, monkeypatch):
@@ -125,7 +126,7 @@ def test_ctrl_c_in_the_warm_start_closes_every_env(probe_config, monkeypatch):
     monkeypatch.setattr(warm_check, "warm_start_and_check", interrupted)
     with pytest.raises(KeyboardInterrupt):
         trainer.warm_start()
-    assert closes() == [1] * 6  # the check's, the rollout's four and the warm start's
+    assert closes() == [1] * 7  # the two checks', the rollout's four and the warm start's
 
 
 def test_the_format_warm_start_renders_the_tool_schemas(tiny_policy, monkeypatch):

@@ -96,7 +96,7 @@ class Trainer:
         set_seed(cfg.seed + self.accelerator.process_index)  # each process samples its own episodes
         self.sharded = fsdp_setup.wanted(cfg, self.accelerator)  # FSDP2: checked before the model loads
         self.policy = policy or load_policy(cfg, device=str(self.accelerator.device))
-        batch_fit.check(cfg, self.policy, self.make_env, self.accelerator.device, self.accelerator.num_processes)
+        batch_fit.check(cfg, self.policy, self.pool.make_env, self.accelerator.device, self.accelerator.num_processes)
         # rollout.engine=vllm: sampling in a vLLM process, weights pushed after optimizer steps
         self.policy.sampler = start_sampler(
             cfg, self.out, self.accelerator.num_processes, self.policy.model, self.policy.processor
