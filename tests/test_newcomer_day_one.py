@@ -306,3 +306,5 @@ def test_a_failed_warm_start_check_on_two_processes_is_said_once(tiny_model_dir,
     assert res.returncode != 0
     assert len(_errors(res.stderr)) == 1, res.stderr[-4000:]  # once per process before
     assert "the warm start did not teach the skill GRPO needs" in _errors(res.stderr)[0]
+    # torchrun's summary names the line as the root cause ("To enable traceback see: ..." before)
+    assert "traceback : mmgrpo: error: the warm start did not teach the skill" in res.stderr

@@ -212,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     except MmgrpoError as exc:
         if debug:
             raise
-        from mmgrpo.train.distributed import said_by_main_only
+        from mmgrpo.train.distributed import said_by_main_only, tell_launcher
 
+        tell_launcher(f"mmgrpo: error: {exc}")  # torchrun's summary names it as the root cause
         if not said_by_main_only(exc):  # under accelerate launch: once, not once per process
             print(f"mmgrpo: error: {exc}", file=sys.stderr)
         return 2

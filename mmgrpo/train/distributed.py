@@ -168,3 +168,22 @@ def said_by_main_only(exc: BaseException) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or is_launch_main_process():
         return False
     return isinstance(exc, (ConfigError, WarmStartError))
+
+
+def tell_launcher(line: str) -> None:
+    """Leave an error's one line where torchrun's agent (under ``accelerate launch``) reads a failed
+    process's error (TORCHELASTIC_ERROR_FILE): its ChildFailedError summary then shows the line as the root
+    cause instead of "To enable traceback see: ...". Outside a launched process, or on a failed write,
+    nothing happens."""
+    import json
+    import os
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": line, "timestamp": int(time.time())}, f)
+    except OSError:
+        pass
