@@ -111,3 +111,24 @@ def test_the_warm_start_check_counts_the_held_out_tasks_there_are(text_model, tm
     assert make_env().num_tasks("eval") == 4
     check = check_skill(policy, make_env, source="random", template="<answer>{answer}</answer>", tasks=64)
     assert check.n == 4 and check.line().endswith(f"{check.passed}/4 held-out tasks ({check.rate:.2f})")
+
+
+@pytest.mark.parametrize(
+    ("folder", "flags"), [("runs/tiny-model-sees", " --sees"), ("runs/tiny-text-model", " --text-only")]
+)
+def test_a_missing_tiny_model_hint_is_the_command_that_builds_it(
+    tmp_path, monkeypatch, capsys, folder, flags
+):
+    """The tour's first probe before its model exists: the hint names the flags that folder wants (it said
+    `mmgrpo tiny-model runs/tiny-model-sees`, which builds the blind model under the name of the one that sees)."""
+    import socket
+
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", offline)
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "examples" / "counting_tiny.yaml"
+    assert main(["probe", str(config), "--set", f"model.path={folder}"]) != 0
+    (line,) = _errors(capsys.readouterr().err)
+    assert line.endswith(f"or build the offline tiny model with `mmgrpo tiny-model {folder}{flags}`.")

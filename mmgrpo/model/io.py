@@ -145,8 +145,21 @@ def check_hub_reachable(repo_id: str, timeout_s: float = 3.0) -> None:
             f"model.path '{repo_id}' is not a local folder, is not in the Hugging Face cache, and {host} "
             f"cannot be reached ({e}). On an offline machine, download it elsewhere and give its folder "
             "(huggingface-cli download REPO --local-dir DIR), or build the offline tiny model with "
-            "`mmgrpo tiny-model DIR`."
+            f"`mmgrpo tiny-model {tiny_command_dir(repo_id)}`."
         ) from None
+
+
+def tiny_model_flags(path: str | Path) -> str:
+    """The ``mmgrpo tiny-model`` flags that a folder named as the examples name them wants: ``--sees`` for
+    runs/tiny-model-sees (the model that sees), ``--text-only`` for runs/tiny-text-model."""
+    name = Path(str(path)).name
+    return " --sees" if "sees" in name else " --text-only" if "text" in name else ""
+
+
+def tiny_command_dir(path: str) -> str:
+    """What follows ``mmgrpo tiny-model`` in a hint: the folder and its flags when the name is a tiny model's
+    (the examples' runs/tiny-model-sees), else the placeholder DIR."""
+    return f"{path}{tiny_model_flags(path)}" if "tiny" in Path(path).name else "DIR"
 
 
 def _adapter_base(path: Path) -> str | None:

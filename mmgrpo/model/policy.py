@@ -45,6 +45,7 @@ from mmgrpo.model.io import (
     no_kernel_swaps,
     save_model,
     stop_ids_of,
+    tiny_model_flags,
 )
 from mmgrpo.model.kept import KeptTokenizations
 from mmgrpo.model.token_stats import block_stats
@@ -164,7 +165,8 @@ class Policy:
         if looks_like_missing_folder(path):
             raise ConfigError(
                 f"model path '{path}' does not exist. Build the embedded model with `mmgrpo tiny-model "
-                f"{path}`, or give an existing checkpoint folder or a hub id such as Qwen/Qwen2.5-VL-3B-Instruct."
+                f"{path}{tiny_model_flags(path)}`, or give an existing checkpoint folder or a hub id such as "
+                "Qwen/Qwen2.5-VL-3B-Instruct."
             )
         p = Path(path)
         if p.exists() and not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
@@ -587,3 +589,4 @@ def _images_of(messages: list[dict], kind: str = "image") -> list:
         for p in m["content"]
         if p.get("type") == kind
     ]
+
