@@ -144,7 +144,9 @@ def _draw(
     min_moves: int = 4,
     max_moves: int = 8,
     greedy_fails: bool = False,
-) -> tuple[frozenset[Cell], Cell, Cell, Cell]:
+) -> tuple[int, int, frozenset[Cell], Cell, Cell, Cell]:
+    """The first solvable room of ``seed`` that fits (see :func:`draw_puzzle`), as Puzzle's arguments (cached,
+    immutable: G episodes of a task reset on the same seed)."""
     rng = random.Random(seed)
     cells = [(r, c) for r in range(rows) for c in range(cols)]
     for _ in range(10_000):
@@ -156,25 +158,18 @@ def _draw(
         if zlib.crc32(render(p).encode()) % 2 != seed % 2:
             continue
         if not greedy_fails or not _greedy_solves(p, 3 * max_moves):
-            return p.walls, p.target, p.box, p.player
+            return rows, cols, p.walls, p.target, p.box, p.player
     raise RuntimeError(
         f"draw_puzzle: no puzzle for seed {seed} in 10000 draws ({rows}x{cols}, {walls} walls)"
     )
 
 
-def draw_puzzle(
-    seed: int,
-    rows: int = 4,
-    cols: int = 5,
-    walls: int = 2,
-    min_moves: int = 4,
-    max_moves: int = 8,
-    greedy_fails: bool = False,
-) -> Puzzle:
-    """The puzzle of ``seed``: the first random room (from ``random.Random(seed)``) that is solvable, takes
+def draw_puzzle(seed: int, *shape, **kw) -> Puzzle:
+    """The puzzle of ``seed`` (``shape``: rows, cols, walls, min_moves, max_moves, greedy_fails, as
+    :func:`_draw` takes them): the first random room (from ``random.Random(seed)``) that is solvable, takes
     ``min_moves`` to ``max_moves`` moves, pushes in two directions or more, and whose parity is the seed's;
     with ``greedy_fails``, also one that :func:`greedy_push` does not solve within 3 * ``max_moves`` moves."""
-    return Puzzle(rows, cols, *_draw(seed, rows, cols, walls, min_moves, max_moves, greedy_fails))
+    return Puzzle(*_draw(seed, *shape, **kw))  # a new Puzzle each time: an episode moves its box and player
 
 
 def solve(obs: str) -> int:
