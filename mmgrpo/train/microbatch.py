@@ -100,8 +100,12 @@ def update(
     trained (for messages)."""
     acc, world = accelerator, accelerator.num_processes
     loss_mask = tokens.loss_mask  # (n, T)
+    n_rows = len(tokens)
+    kept = trained_rows(tokens, adv, G, g, beta)  # None: every row
+    if kept is not None:  # the normalisers below still count every row and token
+        tokens, adv = tokens.select(kept), adv[torch.as_tensor(kept, dtype=torch.long)]
     mbs, mb_tokens = micro_batches(tokens, G, g)
-    counts = global_counts(acc, len(tokens), int(loss_mask.sum()), len(mbs))  # (W, 3)
+    counts = global_counts(acc, n_rows, int(loss_mask.sum()), len(mbs))  # (W, 3)
     N, num_tokens = int(counts[:, 0].sum()), int(counts[:, 1].sum())
     n_mb = int(counts[:, 2].max())  # every process runs as many backward passes (DDP syncs on the last)
 
@@ -193,7 +197,46 @@ def update(
         stats["grad_norm"] = float(norm) if norm is not None else float("nan")  # DeepSpeed clips itself
         optimizer.step()
         scheduler.step()
+    stats["trained_frac"] = len(tokens) / max(n_rows, 1)
     return stats, None
+
+
+SKIP_SILENT_GROUPS = True
+"""Leave groups whose every advantage is 0 out of the training pass where their loss terms are exactly 0
+(``trained_rows``); False: every row runs (the tests compare both)."""
+
+
+def trained_rows(
+    tokens: TokenBatch, adv: torch.Tensor, G: int, g: GRPOConfig, beta: float
+) -> list[int] | None:
+    """The rows the training pass must run (whole groups, in order), or None for every row.
+
+    A group whose every advantage is 0 (all G rewards equal: late in a run most groups) adds nothing to
+    the loss or its gradient when nothing else in the loss reads its tokens: no KL term (``beta`` 0), no
+    entropy bonus, and an aggregation normalised by whole-batch counts (not bnpo's per-micro-batch
+    means); ``update`` keeps those counts, so the gradient is the same sum without its zero terms. Kept
+    anyway: one group when every group is silent, and one silent group with images when the rows kept
+    hold none, so that the same parameters get a gradient (a zero one) as with every row, and AdamW
+    moves the same parameters. Statistics (entropy, clip fraction, the sampler's mismatch) are then means
+    over the rows trained; ``trained_frac`` says how many."""
+    N = len(tokens)
+    if not SKIP_SILENT_GROUPS or beta != 0 or g.entropy_coef != 0 or g.aggregation == "bnpo" or N % G:
+        return None
+    silent = (adv.reshape(N, -1) == 0).all(dim=1).view(-1, G).all(dim=1).tolist()  # (N/G,) per group
+    if not any(silent):
+        return None
+    owners = tokens.row_prompts()
+    rv = tokens.response_vision if tokens.has_response_images else None
+
+    def images(k: int) -> bool:  # group k holds an image (its prompt's or inside a response)
+        rows = range(k * G, k * G + G)
+        prompts = any(tokens.vision.seqs[owners[r]] for r in rows)
+        return prompts or (rv is not None and any(rv.seqs[r] for r in rows))
+
+    keep = [k for k, s in enumerate(silent) if not s] or [0]
+    if not any(images(k) for k in keep):
+        keep += [k for k, s in enumerate(silent) if s and k not in keep and images(k)][:1]
+    return [r for k in sorted(keep) for r in range(k * G, k * G + G)]
 
 
 def idle_vision(policy: Policy, mb: TokenBatch) -> torch.Tensor | float:
