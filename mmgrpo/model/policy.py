@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.model import engine, model_check, samplers
+from mmgrpo.model import engine, model_check, openings, samplers
 from mmgrpo.model.adapters import adapter_for, holds_shards, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
@@ -550,8 +550,11 @@ class Policy:
         base_only = unwrap(model).disable_adapter() if base else contextlib.nullcontext()
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()), base_only, self.autocast():
             some = scored is not None and not self.lockstep  # sharded weights: the head runs inside forward
+            parts = openings.opening_parts(batch, self.adapter) if share and G == 1 else None
             if G > 1:
                 blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, some)
+            elif parts is not None:  # distinct prompts that open alike: each opening encoded once
+                blocks = openings.response_blocks_openings(model, self.adapter, batch, parts, self.device, some)
             else:
                 blocks = engine.response_blocks_full(model, self.adapter, batch, self.device, some)
             targets, where = batch.response_ids.to(self.device), scored.to(self.device) if some else None
