@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="counting",
         help="counting: a VLM learns to count; counting_hard: to count one named kind among others; tools: "
         "a model learns to use a calculator (multi-turn); tools_lookup: to look a price up over HTTP, then "
-        "multiply (two tools, a cost per call); text_math: a text-only model learns addition",
+        "multiply (two tools, a cost per call); text_math: a text-only model learns addition; "
+        "frozenlake: a text-only model learns to cross a FrozenLake map it has not seen (the bare grid)",
     )
     sp.add_argument("--config", default=None, help="default: the task's config under examples/")
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

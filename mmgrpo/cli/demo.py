@@ -19,8 +19,9 @@ DEMO_CONFIGS = {
     "tools_lookup": "examples/tools_lookup_tiny.yaml",  # ... to look a price up over HTTP, then multiply
     "text_math": "examples/text_math_tiny.yaml",  # the tiny text-only model learns addition
     "zoom": "examples/tools_zoom_tiny.yaml",  # the tiny VLM learns to count dots in the cell it zooms on
+    "frozenlake": "examples/frozenlake_bare_tiny.yaml",  # the tiny text model walks round the holes, no hint
 }
-TEXT_ONLY_DEMOS = {"text_math"}  # built on the tiny text-only causal LM, not the tiny VLM
+TEXT_ONLY_DEMOS = {"text_math", "frozenlake"}  # built on the tiny text-only causal LM, not the tiny VLM
 # on the tiny VLM after its perception pretraining (tiny-model --sees)
 SEEING_DEMOS = {"counting", "counting_hard", "zoom"}
 MARKING_DEMOS = {"counting_hard"}  # ... and then taught which cells hold a kind named before the image
