@@ -20,7 +20,7 @@ import torch
 from mmgrpo.model import engine
 from mmgrpo.model.adapters import CausalLMAdapter
 from mmgrpo.model.batch import TokenBatch
-from mmgrpo.model.system_prefix import MIN_SHARED, common_prefix
+from mmgrpo.model.system_prefix import MIN_SHARED, common_prefix, opening_stops
 
 MIN_OPENING = 64
 """A part of the batch takes the shared opening only when its rows' prompts open with at least this many
@@ -36,9 +36,7 @@ def opening_parts(batch: TokenBatch, adapter: CausalLMAdapter) -> list[tuple[lis
     ``MIN_OPENING`` tokens before any image); None when no part would (the caller's full forward then)."""
     if not SHARE_OPENINGS or len(batch) < 2 or not adapter.continues_cache:
         return None
-    stop = set(adapter.suppress_ids) | {
-        i for i in (adapter.image_token_id, adapter.video_token_id) if i is not None
-    }
+    stop = opening_stops(adapter)
     keys: dict[tuple[int, ...], list[int]] = {}
     for r, (ids, mask) in enumerate(zip(batch.prompt_ids, batch.prompt_mask, strict=True)):
         keys.setdefault(tuple(ids[mask.bool()][:MIN_SHARED].tolist()), []).append(r)

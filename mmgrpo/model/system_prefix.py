@@ -41,6 +41,13 @@ def common_prefix(ids: Tensor, mask: Tensor, stop: set[int]) -> int:
     return n if bool(same.all()) else int((~same).nonzero()[0])
 
 
+def opening_stops(adapter: CausalLMAdapter) -> set[int]:
+    """The ids an opening stops before: the placeholders the policy never samples and the image and
+    video tokens (their features and positions belong to the block after the opening)."""
+    media = (adapter.image_token_id, adapter.video_token_id)
+    return set(adapter.suppress_ids) | {i for i in media if i is not None}
+
+
 _OPENINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Per frozen model (the KL reference copy), the last opening it encoded: (key, cache). Its opening is the
 same at every step (same weights, same system prompt), so the reference pass encodes it once per run."""
@@ -69,8 +76,7 @@ def encode_prompts(
     vision, positions, cache) -> output with ``logits`` and the cache."""
     if not adapter.continues_cache or (not vision.empty and not adapter.images_on_cache):
         return None
-    stop = set(adapter.suppress_ids) | {i for i in (adapter.image_token_id, adapter.video_token_id) if i is not None}
-    C = common_prefix(ids, mask, stop)
+    C = common_prefix(ids, mask, opening_stops(adapter))
     if C < MIN_SHARED:
         return None
     B = ids.shape[0]
