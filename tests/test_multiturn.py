@@ -305,7 +305,11 @@ def test_a_tool_image_repeated_in_a_group_is_encoded_once_same_logprobs_and_grad
 ):
     """The G rows of a group that get the same tool image hold the same pixels (tokenized once), and the
     training pass encodes them once: its log-probs and every gradient equal those of the pass that
-    encodes each row's copy (the encoder trains here; 1e-6)."""
+    encodes each row's copy (the encoder trains here; 1e-6). (With the rows' shared response run once,
+    ``mmgrpo.model.shared_spans``, the view is inside that span: turned off here, compared at the end.)"""
+    from mmgrpo.model import shared_spans
+
+    monkeypatch.setattr(shared_spans, "SHARE_SPANS", False)
     base = Policy.from_pretrained(tiny_model_dir)
     policy = ScriptedPolicy(
         base, ['<tool_call>\n{"name": "zoom", "arguments": {"cell": 5}}\n</tool_call>', "<answer>3</answer>"]
@@ -346,6 +350,14 @@ def test_a_tool_image_repeated_in_a_group_is_encoded_once_same_logprobs_and_grad
     assert grads_once.keys() == grads_each.keys() and any("visual" in n for n in grads_once)
     for name, g in grads_once.items():
         torch.testing.assert_close(g, grads_each[name], atol=1e-6, rtol=1e-5, msg=name)
+    monkeypatch.setattr(shared_spans, "SHARE_SPANS", True)  # each group's call and view as one span
+    assert shared_spans.plan(tok, 2, policy.adapter) is not None
+    spans, grads_spans = pass_and_grads()
+    assert images == [2, 2]  # the prompts' images, then one view per span
+    on = tok.loss_mask.bool()
+    torch.testing.assert_close(spans[on], each[on], atol=1e-5, rtol=0)
+    for name, g in grads_spans.items():
+        torch.testing.assert_close(g, grads_each[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_a_runaway_sandboxed_program_is_an_observation_and_the_step_goes_on(tiny_policy):

@@ -56,6 +56,23 @@ class HiddenBlock:
     head: Callable[[Tensor], Tensor]  # (K, H) -> (K, V)
 
 
+@dataclass
+class SpanBlock:
+    """Logits (or final hidden states) over runs of response columns that start at a column of each row's
+    own, and may serve several rows: source i's numbers are those of every batch row in
+    ``members[owner == i]`` (a span of response tokens that those rows share, run once for all of them:
+    ``mmgrpo.model.shared_spans``). ``values[i, j]`` predicts response token ``starts[i] + j`` of those
+    rows, for j < ``widths[i]``; the targets are read from batch row ``src_rows[i]``."""
+
+    src_rows: Tensor  # (n,) long: a batch row of each source (its targets over the span)
+    values: Tensor  # (n, c, V) logits, or (n, c, H) final hidden states when ``head`` is given
+    starts: Tensor  # (n,) long: the response column that column 0 predicts
+    widths: Tensor  # (n,) long: how many columns predict a response token
+    members: Tensor  # (m,) long: the batch rows given the sources' numbers
+    owner: Tensor  # (m,) long: each member's source
+    head: Callable[[Tensor], Tensor] | None = None  # (K, H) -> (K, V), for hidden states
+
+
 def plain_head(model) -> nn.Module | None:
     """``model``'s output embedding when its logits are exactly that layer's output, else None."""
     m = unwrap(model)

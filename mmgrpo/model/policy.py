@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo.errors import ConfigError, DataError
-from mmgrpo.model import engine, model_check, openings, samplers
+from mmgrpo.model import engine, model_check, openings, samplers, shared_spans
 from mmgrpo.model.adapters import adapter_for, holds_shards, unwrap
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.engine import sample_tokens  # noqa: F401  (public here since the foundation)
@@ -552,7 +552,7 @@ class Policy:
             some = scored is not None and not self.lockstep  # sharded weights: the head runs inside forward
             parts = openings.opening_parts(batch, self.adapter) if share and G == 1 else None
             if G > 1:
-                blocks = engine.response_blocks_shared(model, self.adapter, batch, G, self.device, some)
+                blocks = shared_spans.response_blocks(model, self.adapter, batch, G, self.device, some)
             elif parts is not None:  # distinct prompts that open alike: each opening encoded once
                 blocks = openings.response_blocks_openings(model, self.adapter, batch, parts, self.device, some)
             else:

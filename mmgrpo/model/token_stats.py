@@ -17,11 +17,11 @@ from torch import Tensor
 
 from mmgrpo.grpo.losses import token_entropy, token_logprobs, token_logprobs_entropy
 from mmgrpo.model.engine import LogitBlock
-from mmgrpo.model.head import HiddenBlock
+from mmgrpo.model.head import HiddenBlock, SpanBlock
 
 
 def block_stats(
-    blocks: Sequence[LogitBlock | HiddenBlock],
+    blocks: Sequence[LogitBlock | HiddenBlock | SpanBlock],
     targets: Tensor,
     temperature: float = 1.0,
     *,
@@ -39,6 +39,14 @@ def block_stats(
     N, T = targets.shape
     rows, cols, logps, ents = [], [], [], []
     for b in blocks:
+        if isinstance(b, SpanBlock):
+            r, at, lp, h = _span(b, targets, scored, temperature, with_entropy, entropy_grad)  # (E,) each
+            rows.append(r)
+            cols.append(at)
+            logps.append(lp)
+            if with_entropy:
+                ents.append(h)
+            continue
         r, at, logits, w = _scored(b, scored, T) if isinstance(b, HiddenBlock) else _columns(b, T)
         tgt = targets[r[:, None], at] if T > 0 else targets.new_zeros(at.shape)  # (n, c)
         if with_entropy and not entropy_grad:  # a metric: read off the log-probs' own pass
@@ -80,3 +88,52 @@ def _scored(b: HiddenBlock, scored: Tensor | None, T: int) -> tuple[Tensor, Tens
     i, j = scored.to(r.device)[r[:, None], at[None, :]].nonzero(as_tuple=True)  # (K,), (K,)
     logits = b.head(b.hidden[i, j])  # (K, V)
     return r[i], at[j][:, None], logits[:, None, :], 1
+
+
+def _span(
+    b: SpanBlock, targets: Tensor, scored: Tensor | None, temperature: float, with_entropy: bool, grad: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """A span block's numbers for every member row: rows (E,), columns (E,), log-probs (E,) and entropies
+    (E,) or None. Each source position is reduced once; its members take copies (so the gradient of a
+    shared position is the sum of its members')."""
+    n, c = b.values.shape[:2]
+    T = targets.shape[1]
+    dev = b.values.device
+    j = torch.arange(c, device=dev)  # (c,)
+    at = b.starts.to(dev)[:, None] + j  # (n, c) the response column each position predicts
+    keep = (j[None, :] < b.widths.to(dev)[:, None]) & (at < T)  # (n, c)
+    members, owner = b.members.to(dev), b.owner.to(dev)  # (m,), (m,)
+    at_safe = at.clamp(max=max(T - 1, 0))  # (n, c)
+    if b.head is not None:  # only what some member scores goes through the head
+        if scored is None:
+            raise ValueError("a span of hidden states needs the positions to score (block_stats' scored=)")
+        wanted = scored.to(dev)[members[:, None], at_safe[owner]].int()  # (m, c)
+        keep &= torch.zeros(n, c, dtype=torch.int32, device=dev).index_add_(0, owner, wanted) > 0
+    i, jj = keep.nonzero(as_tuple=True)  # (K,), (K,)
+    src = b.src_rows.to(dev)
+    if b.head is not None:
+        logits = b.head(b.values[i, jj])[:, None, :]  # (K, 1, V)
+        tgt = targets[src[i], at[i, jj]][:, None]  # (K, 1)
+        if with_entropy and not grad:
+            lp, h = token_logprobs_entropy(logits, tgt, temperature)
+        else:
+            lp = token_logprobs(logits, tgt, temperature)
+            h = token_entropy(logits, temperature) if with_entropy else None
+        lp, h = lp[:, 0], (h[:, 0] if h is not None else None)  # (K,)
+    else:  # the logits as the model gave them, reduced whole, then the kept positions read off
+        tgt = targets[src[:, None], at_safe]  # (n, c)
+        if with_entropy and not grad:
+            lp, h = token_logprobs_entropy(b.values, tgt, temperature)  # (n, c) each
+        else:
+            lp = token_logprobs(b.values, tgt, temperature)
+            h = token_entropy(b.values, temperature) if with_entropy else None
+        lp, h = lp[i, jj], (h[i, jj] if h is not None else None)  # (K,)
+    # every kept position of source i, once per member of i
+    counts = torch.bincount(owner, minlength=n)  # (n,)
+    by_source = members[torch.argsort(owner, stable=True)]  # (m,) members grouped by source
+    first = torch.cumsum(counts, 0) - counts  # (n,) where each source's members begin
+    reps = counts[i]  # (K,)
+    e = torch.repeat_interleave(torch.arange(len(i), device=dev), reps)  # (E,) the entry each copy is of
+    within = torch.arange(len(e), device=dev) - torch.repeat_interleave(torch.cumsum(reps, 0) - reps, reps)
+    rows = by_source[first[i][e] + within]  # (E,)
+    return rows, at[i, jj][e], lp[e], (h[e] if h is not None else None)
