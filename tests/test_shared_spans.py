@@ -119,7 +119,12 @@ def test_text_tool_rows_share_their_call(tmp_path):
     policy = Policy.from_pretrained(build_tiny_text_model(tmp_path / "text"))
     env = ToolMathEnv()
     call = tool_call_text("calculator", {"expression": "3 * 4"})
-    plays = [[call, "<answer>12</answer>"], [call, "<answer>7</answer>"], [call, "<answer>7</answer>"], ["no"]]
+    plays = [
+        [call, "<answer>12</answer>"],
+        [call, "<answer>7</answer>"],
+        [call, "<answer>7</answer>"],
+        ["no"],
+    ]
     turns = iter(plays + plays)
     batch = demonstration_batch(policy, env, [4] * 4 + [5] * 4, random.Random(0), play=lambda i: next(turns))
     batch = _grouped(batch, 4)

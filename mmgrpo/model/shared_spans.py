@@ -60,8 +60,8 @@ class Plan:
 
 
 def plan(batch: TokenBatch, G: int, adapter: CausalLMAdapter) -> Plan | None:
-    """Each group's rows cut into spans of rows sharing a response opening (at most one cut per run of
-    rows in sorted order, chosen for the most tokens saved); None when spans would save too little."""
+    """Each group's rows cut into spans of rows sharing a response opening (runs of rows in sorted order,
+    chosen for the most tokens saved, ``_cut``); None when spans would save too little."""
     if not SHARE_SPANS or not adapter.continues_cache:
         return None
     lengths = batch.response_mask.sum(dim=1).tolist()  # (N,)
