@@ -155,3 +155,22 @@ def test_rows_with_other_images_end_their_span_before_them(tiny_model_dir):
     lengths = plan.length[plan.owner].tolist()
     assert lengths[0] == lengths[1] == lengths[2] < 40 and lengths[3] > 40  # group 1's span ends at the image
     _same(policy, batch, scored=True)
+
+
+def test_reference_pass_through_shared_spans(tiny_model_dir):
+    """The KL reference's pass (no graph) takes the spans too: the same log-probs as its full forward, and
+    the reference is another model than the policy (the policy's weights moved after it was made)."""
+    policy = Policy.from_pretrained(tiny_model_dir)
+    policy.make_reference()
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    batch = _zoom_batch(policy, [_zoom(1, 2), _zoom(1, 3), _zoom(1, 3), ["<answer>1</answer>"]])
+    assert shared_spans.plan(batch, 4, policy.adapter) is not None
+    on = batch.loss_mask.bool()
+    with torch.no_grad():
+        spans = policy.logprobs(batch, reference=True)
+        full = policy.logprobs(batch, reference=True, share_prompt=False)
+        own = policy.logprobs(batch)
+    torch.testing.assert_close(spans[on], full[on], atol=1e-5, rtol=1e-5)
+    assert (spans[on] - own[on]).abs().max() > 1e-3  # the reference's numbers, not the policy's
