@@ -29,6 +29,7 @@ from mmgrpo.model.adapters import CausalLMAdapter
 from mmgrpo.model.batch import TokenBatch, VisionInputs
 from mmgrpo.model.head import SpanBlock, final_hidden, plain_head
 from mmgrpo.model.prefix import rows_of_cache, selects_rows
+from mmgrpo.model.system_prefix import opening_stops
 
 MIN_SPAN = 8
 """Rows take a shared span only when they share at least this many leading response tokens."""
@@ -65,7 +66,7 @@ def plan(batch: TokenBatch, G: int, adapter: CausalLMAdapter) -> Plan | None:
     if not SHARE_SPANS or not adapter.continues_cache:
         return None
     lengths = batch.response_mask.sum(dim=1).tolist()  # (N,)
-    vision_ids = _vision_ids(adapter)
+    vision_ids = opening_stops(adapter)
     rv = batch.response_vision if batch.has_response_images else None
     spans: list[tuple[int, int, list[int]]] = []  # (group, shared tokens, rows)
     for h in range(0, len(batch), G):
@@ -87,12 +88,6 @@ def plan(batch: TokenBatch, G: int, adapter: CausalLMAdapter) -> Plan | None:
     p = Plan(*(torch.as_tensor(x, dtype=torch.long) for x in (owner, group, length, rep)))
     total = max(int(batch.response_mask.sum()), 1)
     return p if p.saved >= MIN_SAVED * total else None
-
-
-def _vision_ids(adapter: CausalLMAdapter) -> set[int]:
-    """The ids that mark images in a sequence (placeholders, their start and end markers)."""
-    ids = set(getattr(adapter, "suppress_ids", None) or [])
-    return ids | ({adapter.image_token_id} if adapter.image_token_id is not None else set())
 
 
 def _only(v: VisionInputs, keep: list[bool]) -> VisionInputs:
@@ -185,7 +180,7 @@ def response_blocks(
     L, s_max = int((p.length > 0).sum()), max(int(p.length.max()), 1)
     span_mask = (torch.arange(s_max)[None, :] < p.length[:, None]).long()  # (S, s_max)
     span_ids = torch.where(span_mask.bool(), batch.response_ids[p.rep, :s_max], 0)  # (S, s_max)
-    vision_ids = torch.as_tensor(sorted(_vision_ids(adapter)), dtype=torch.long)
+    vision_ids = torch.as_tensor(sorted(opening_stops(adapter)), dtype=torch.long)
     with_images = torch.isin(span_ids, vision_ids).any(dim=1)  # (S,)
     sv = (
         VisionInputs.none(L)
