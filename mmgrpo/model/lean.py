@@ -179,16 +179,18 @@ class LeanStep:
         cache,
         prefix: SharedPrefix,
         joined: list[Joined] | None = None,
+        embeds: Tensor | None = None,
     ) -> Tensor:
         """W new tokens per row, left-padded, on a decode state whose prompts are held once per group
-        (``prefix``; text only: images in a block go through the model's forward). ids (N, W); positions
+        (``prefix``). ``embeds`` (N, W, H): the block's input embeddings when they are not the ids' own
+        (image features over the placeholders, ``mmgrpo.model.image_blocks``). ids (N, W); positions
         (N, W), or (3, N, W) with M-RoPE; mask (N, P + R + W) of the sequence after the block, its last W
         columns the block's (0 on padding). Each token attends its group's prompt, the row's own tokens
         and the block's tokens up to itself. Returns each row's next-token logits (N, V), read at the
         block's last column; the cache grows by W columns per layer."""
         tm = self.text
         N, W = ids.shape
-        h = tm.embed_tokens(ids)  # (N, W, H)
+        h = tm.embed_tokens(ids) if embeds is None else embeds  # (N, W, H)
         cos, sin = tm.rotary_emb(h, positions)  # (N, W, D)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, W, D) broadcast over heads
         own = mask[:, prefix.length :].bool()  # (N, R + W)

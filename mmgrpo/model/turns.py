@@ -33,12 +33,13 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer
 
-from mmgrpo.model import engine, lean
+from mmgrpo.model import engine, image_blocks, lean
 from mmgrpo.model.batch import VisionInputs
 
 LEAN_BLOCKS = True
 """Run a later turn's text block through the lean step (``LeanStep.block``: the prompt held once, no
-copies; 71-77 -> 60-62 ms a tools step) instead of the model's forward over the materialised rows. Its
+copies; 71-77 -> 60-62 ms a tools step) instead of the model's forward over the materialised rows; a block
+with images too where ``image_blocks.block_embeds`` builds its input embeddings (the zoom agent's view). Its
 rounding differs from the model's forward by about 1e-6, so a run samples other episodes than with it off
 after a few steps; the tools-lookup demo once lost the tools on such a path, from its reward (a per-call
 cost on wrong answers), not from the rounding: ``tool_call_cost(only_when_right=True)``. The tests run
@@ -146,11 +147,14 @@ class TurnDecoder:
         pos, after = p.adapter.block_positions(p.model, ids, bmask, vision, st.next_pos)  # (n, W) / (3, n, W)
         full = torch.cat([st.mask, bmask.to(st.mask)], dim=1)  # (n, L + W)
         step = lean.stepper(p.model, p.adapter.uses_mrope(p.model)) if engine.LEAN_DECODE else None
-        if LEAN_BLOCKS and step is not None and st.prefix is not None and vision.empty:  # the lean step's block
-            engine.reserve(st.cache, W + room)
-            logits = step.block(ids.to(p.device), pos.to(p.device), full, st.cache, st.prefix, step.joined())
-            st.mask, st.next_pos = full, after.to(p.device)
-            return logits  # (n, V)
+        if LEAN_BLOCKS and step is not None and st.prefix is not None:  # the lean step's block
+            embeds = None if vision.empty else image_blocks.block_embeds(p, step, ids, vision)  # (n, W, H)
+            if vision.empty or embeds is not None:
+                engine.reserve(st.cache, W + room)
+                dev = p.device
+                logits = step.block(ids.to(dev), pos.to(dev), full, st.cache, st.prefix, step.joined(), embeds)
+                st.mask, st.next_pos = full, after.to(p.device)
+                return logits  # (n, V)
         vision = p.adapter.encode_repeats(p.model, vision, p.device, engine.model_dtype(p.model))
         kw = p.adapter.forward_kwargs(ids, full, vision, p.device, engine.model_dtype(p.model))
         kw["input_ids"] = ids.to(p.device)
