@@ -46,6 +46,13 @@ cost on wrong answers), not from the rounding: ``tool_call_cost(only_when_right=
 both ways."""
 
 
+FEED_TWINS_ONCE = True
+"""Rows of a later turn identical in everything the block reads (``TurnDecoder._twins``) run the block once:
+the first of them does, the others take copies of its cache row and logits, then all decode on their own.
+Late in a zoom run the G rows of a group share the call and the view, so the block runs for 1 row in 8.
+The copies' rounding is their first's, which a batch of other rows could have changed by ~1e-7."""
+
+
 def supported(policy) -> bool:
     """Whether ``policy``'s family continues a cache across turns at all (see the module docstring)."""
     return policy.adapter.continues_cache
@@ -84,6 +91,7 @@ class TurnDecoder:
         """Turn 1 for B prompts x G samples: (completions, finished), rows b*G .. b*G+G-1 per prompt."""
         p = self.policy
         with self._mode():
+            self.G = G
             logits, self.state = engine.start(p.model, p.adapter, prompt_ids, prompt_mask, vision, G, p.device)
             self.rows = list(range(logits.shape[0]))
             self.in_cache = dict.fromkeys(self.rows, 0)
@@ -104,9 +112,17 @@ class TurnDecoder:
         p = self.policy
         st = self.state
         where = {e: k for k, e in enumerate(self.rows)}
+        pending = [r[self.in_cache[e] :] for e, r in zip(episodes, responses, strict=True)]
+        twin = self._twins(episodes, responses, new_vision, where) if FEED_TWINS_ONCE else None
+        if twin is not None:  # identical rows: the first of each runs the block, the others copy it after
+            ones = sorted(set(twin))
+            at = {k: i for i, k in enumerate(ones)}
+            expand = torch.as_tensor([at[t] for t in twin], device=p.device)  # (n,) each row's first, as fed
+            episodes_all, responses_all = list(episodes), responses
+            episodes, responses = [episodes[k] for k in ones], [responses[k] for k in ones]
+            pending, new_vision = [pending[k] for k in ones], [new_vision[k] for k in ones]
         engine.keep_rows(st, torch.as_tensor([where[e] for e in episodes], device=p.device))  # compaction
         self.rows = list(episodes)
-        pending = [r[self.in_cache[e] :] for e, r in zip(episodes, responses, strict=True)]
         for e, r in zip(episodes, responses, strict=True):
             self.in_cache[e] = len(r)
         chunks = engine.length_chunks([len(x) for x in pending])  # the last one holds the longest rows
@@ -130,7 +146,28 @@ class TurnDecoder:
                 logits[idx] = out  # (n, V) in the episodes' order
             if others:
                 engine.bring_back(st, idx, parked, len(episodes))
+            if twin is not None:  # every row again, each twin a copy of its first's cache row and logits
+                engine.keep_rows(st, expand)
+                logits, self.rows = logits[expand], episodes_all
+                for e, r in zip(episodes_all, responses_all, strict=True):
+                    self.in_cache[e] = len(r)
             return self._decode(logits, max_new_tokens)
+
+    def _twins(self, episodes, responses, new_vision, where) -> list[int] | None:
+        """Per episode, the index of the first of ``episodes`` identical to it -- same group, same ids so
+        far, same cache row layout (mask, next position, ids held) and the very same image tensors in its
+        new turn (the processor ran once for a view shared in the group) -- or None when no two are. Late
+        in a zoom run all G rows of a group make the same call and get the same view."""
+        st, G = self.state, self.G
+        mask, pos = st.mask.tolist(), st.next_pos.tolist()
+        first: dict[tuple, int] = {}
+        twin = []
+        for k, (e, r, v) in enumerate(zip(episodes, responses, new_vision, strict=True)):
+            row = where[e]
+            images = tuple((key, id(t)) for seq in v.seqs for key, t in seq.items())
+            key = (e // G, tuple(r), self.in_cache[e], pos[row], tuple(mask[row]), images)
+            twin.append(first.setdefault(key, k))
+        return twin if len(first) < len(twin) else None
 
     def _feed(self, st: engine.DecodeState, pending: list[list[int]], vision: VisionInputs, room: int) -> Tensor:
         """Run the rows' new tokens ``pending`` (n rows) on the state's cache, left-padded into one block:
