@@ -91,3 +91,25 @@ def test_lean_prompt_encoding_steps_aside_where_it_would_not_be_exact(tmp_path):
     q3 = Policy.from_pretrained(build_tiny_family("qwen3-vl", tmp_path / "q3"))
     _, _, v3 = _prompts(q3, "qwen3-vl")
     assert not lean_prompt.for_model(q3.model, q3.adapter).takes(v3)  # deepstack: features inside the layers
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "llava"])
+def test_prompts_given_as_pixels_are_encoded_once_then_lean_with_the_forwards_gradients(
+    tmp_path, monkeypatch, family
+):
+    """The rollout's and the training pass's prompts come as pixels: the lean encoder encodes their images
+    (one call, with a graph) and takes the block; logits, cache and every gradient, the vision tower's
+    included, equal the model's forward over the pixels."""
+    policy = Policy.from_pretrained(build_tiny_family(family, tmp_path / "m"))
+    ids, mask, vision = _prompts(policy, family)
+    pixels = vision.without_encoded()
+    plain = _encode(policy, ids, mask, pixels, False, monkeypatch)
+    lean = _encode(policy, ids, mask, pixels, True, monkeypatch)
+    assert plain[5] == 0 and lean[5] == 2  # the opening and the block with its images, both lean
+    torch.testing.assert_close(lean[0], plain[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lean[1], plain[1], atol=1e-5, rtol=1e-5)
+    grad_l, grad_p = lean[4], plain[4]
+    assert grad_l.shape == grad_p.shape  # the same parameters got a gradient: the vision tower's too
+    assert (grad_l - grad_p).norm() / grad_p.norm() < 1e-5
+    tower = [p for n, p in policy.model.named_parameters() if policy.adapter.is_vision_param(n)]
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tower)

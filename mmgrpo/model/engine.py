@@ -257,7 +257,7 @@ def encode_heads(
     lean_encoder = lean_prompt.for_model(model, adapter)  # None: the model's own forward
 
     def forward(i, m, v, positions, cache):
-        if lean_encoder is not None and lean_encoder.takes(v):
+        if lean_encoder is not None and lean_encoder.takes(v := lean_encoder.encoded(v)):
             return lean_encoder(i.to(device), m.to(device), v, positions.to(device), cache)
         kw = adapter.forward_kwargs(i, m, v, device, model_dtype(model))
         extra = {} if cache is None else {cache_kwarg(model): cache}

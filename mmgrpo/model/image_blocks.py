@@ -44,11 +44,7 @@ def block_embeds(policy, step: lean.LeanStep, ids: Tensor, vision: VisionInputs)
         return None
     dtype = engine.model_dtype(p.model)
     vision = p.adapter.encode_repeats(p.model, vision, p.device, dtype)  # a view shared by rows: once
-    if not vision.has_encoded:
-        features = p.adapter.encode_images(p.model, vision, p.device, dtype)
-        if features is None:  # a video, or an encoder the family does not expose
-            return None
-        vision = VisionInputs(vision.seqs, vision.images_per_seq, features)
+    vision = encoder.encoded(vision)  # the others (a video, or an encoder the family hides: still pixels)
     if not encoder.takes(vision):
         return None
     return encoder.embed(ids.to(p.device), vision)  # (n, W, H)
