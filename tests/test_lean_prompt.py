@@ -94,18 +94,23 @@ def test_lean_prompt_encoding_steps_aside_where_it_would_not_be_exact(tmp_path):
 
 
 @pytest.mark.parametrize("family", ["qwen2.5-vl", "llava"])
+@pytest.mark.parametrize("opening", [True, False])
 def test_prompts_given_as_pixels_are_encoded_once_then_lean_with_the_forwards_gradients(
-    tmp_path, monkeypatch, family
+    tmp_path, monkeypatch, family, opening
 ):
     """The rollout's and the training pass's prompts come as pixels: the lean encoder encodes their images
-    (one call, with a graph) and takes the block; logits, cache and every gradient, the vision tower's
-    included, equal the model's forward over the pixels."""
+    (one call, with a graph) and takes the block -- after the shared opening, or the whole prompts where
+    they share too little (``opening=False``: the zoom demo's bare questions beside full prompts); logits,
+    cache, positions and every gradient, the vision tower's included, equal the model's forward."""
     policy = Policy.from_pretrained(build_tiny_family(family, tmp_path / "m"))
     ids, mask, vision = _prompts(policy, family)
+    if not opening:
+        monkeypatch.setattr(system_prefix, "MIN_SHARED", 10**6)
     pixels = vision.without_encoded()
     plain = _encode(policy, ids, mask, pixels, False, monkeypatch)
     lean = _encode(policy, ids, mask, pixels, True, monkeypatch)
-    assert plain[5] == 0 and lean[5] == 2  # the opening and the block with its images, both lean
+    assert plain[5] == 0 and lean[5] == (2 if opening else 1)  # every block lean, the images' included
+    assert torch.equal(lean[2], plain[2]) and torch.equal(lean[3], plain[3])  # next positions, layout
     torch.testing.assert_close(lean[0], plain[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lean[1], plain[1], atol=1e-5, rtol=1e-5)
     grad_l, grad_p = lean[4], plain[4]

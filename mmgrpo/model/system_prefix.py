@@ -107,3 +107,17 @@ def encode_prompts(
     positions, after = adapter.block_positions(model, block, bmask, vision, torch.full((B,), C))
     out = forward(block, layout, vision, positions, cache)
     return out.logits[:, -1, :], cache, after.to(device), layout.to(device)
+
+
+def encode_whole(
+    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device, forward
+) -> tuple[Tensor, object, Tensor, Tensor]:
+    """Encode B left-padded prompts whole, as one block from nothing (``forward`` as in ``encode_prompts``;
+    the positions are the adapter's layout of the block, which for a whole prompt is the model's own):
+    for prompts that share too little to open alike (the zoom demo mixes bare questions with full prompts)
+    where the lean encoder takes them. Returns what ``encode_prompts`` returns, the layout being ``mask``."""
+    start = torch.zeros(ids.shape[0], dtype=torch.long)
+    positions, after = adapter.block_positions(model, ids, mask, vision, start)  # (B, L) / (3, B, L)
+    out = forward(ids, mask, vision, positions, None)
+    cache = out["cache"] if "cache" in out else out.past_key_values
+    return out.logits[:, -1, :], cache, after.to(device), mask.to(device)
