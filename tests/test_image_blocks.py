@@ -8,7 +8,7 @@ import torch
 
 from mmgrpo.model import image_blocks, lean, prefix
 from tests import test_kv_turns
-from tests.test_kv_turns import _rollout, per_episode, record_turns
+from tests.test_kv_turns import _rollout, assert_sampled_is_trained, record_turns
 from tests.test_multiturn import ZoomOnceEnv
 
 ragged_stops = test_kv_turns.ragged_stops  # the fixture: stop ids a random model samples often
@@ -61,13 +61,7 @@ def test_sampled_logprobs_after_a_lean_image_block_are_what_training_reads(
     record = record_turns(monkeypatch)
     batch = _episodes(policy, [5, 6])
     assert any(held_once)
-    sampled, sampled_ids = per_episode(record), per_episode(record, 2)
-    with torch.no_grad():
-        trained = policy.logprobs(batch.tokens, share_prompt=False)  # (N, T) one full forward per row
-    for i, t in enumerate(batch.trajectories):
-        where = [k for k, m in enumerate(t.loss_mask) if m]
-        assert [t.response_ids[k] for k in where] == sampled_ids[i]  # trained ids = sampled ids
-        assert torch.allclose(trained[i, where], torch.tensor(sampled[i]), atol=1e-5), i
+    assert_sampled_is_trained(policy, batch, record)
 
 
 def test_the_embeddings_are_the_forwards_own(ragged_stops):

@@ -75,6 +75,12 @@ def test_sampled_ids_and_logprobs_on_the_kept_cache_are_what_training_reads(tiny
     envs = [ZoomOnceEnv(with_image=with_image, turns_before_end=2) for _ in range(8)]
     batch = _rollout(policy, envs, [5, 6], True)
     assert len(record) >= 2  # the first turn and at least one turn on the kept cache
+    assert_sampled_is_trained(policy, batch, record)
+
+
+def assert_sampled_is_trained(policy, batch, record) -> None:
+    """Each episode's sampled ids and log-probs (``record``, every turn) are the ids training reads and the
+    log-probs of one full forward per row (1e-5)."""
     sampled, sampled_ids = per_episode(record), per_episode(record, 2)
     with torch.no_grad():
         trained = policy.logprobs(batch.tokens, share_prompt=False)  # (N, T) one full forward per row

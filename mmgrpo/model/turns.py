@@ -68,6 +68,7 @@ class TurnDecoder:
         )
         self.state: engine.DecodeState | None = None
         self.rows: list[int] = []  # episode index of each cache row
+        self.G = 1  # episodes per prompt (set by ``first``): episode e belongs to group e // G
         self.in_cache: dict[int, int] = {}  # per episode, how many of its response ids the cache holds
         self.images_ok = policy.adapter.images_on_cache
         self.last_logprobs: list[list[float]] | None = None
