@@ -40,7 +40,7 @@ def block_embeds(policy, step: lean.LeanStep, ids: Tensor, vision: VisionInputs)
     if not LEAN_IMAGE_BLOCKS or vision.empty or holds_shards(p.model):
         return None
     encoder = PromptEncoder(p.model, p.adapter, step)
-    if not (encoder.scatters and p.adapter.caches_encoder and hasattr(encoder.inner, "get_placeholder_mask")):
+    if not encoder.takes_images:  # before encode_repeats: the forward would encode the views again
         return None
     dtype = engine.model_dtype(p.model)
     vision = p.adapter.encode_repeats(p.model, vision, p.device, dtype)  # a view shared by rows: once

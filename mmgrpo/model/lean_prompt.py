@@ -56,18 +56,17 @@ class PromptEncoder:
             m = m.get_base_model()
         self.inner = getattr(m, "model", None)  # the multimodal model: get_placeholder_mask
         self.config = m.config
-        self.scatters = getattr(m.config, "model_type", None) in SCATTERS_IMAGES
+        scatters = getattr(m.config, "model_type", None) in SCATTERS_IMAGES
+        self.takes_images = (
+            scatters and adapter.caches_encoder and hasattr(self.inner, "get_placeholder_mask")
+        )
+        """Whether blocks with images can be encoded here at all (from their cached features)."""
 
     def takes(self, vision: VisionInputs) -> bool:
         """Whether a block with these images can be encoded here (else the model's forward runs)."""
         if vision.empty:
             return True
-        return (
-            self.scatters
-            and vision.has_encoded
-            and self.adapter.caches_encoder
-            and hasattr(self.inner, "get_placeholder_mask")
-        )
+        return self.takes_images and vision.has_encoded
 
     def encoded(self, vision: VisionInputs) -> VisionInputs:
         """``vision`` with its image features attached (one encoder call for all its images, with the
@@ -75,9 +74,7 @@ class PromptEncoder:
         this encoder then takes the block; otherwise ``vision`` as it is, for the model's forward. The
         rollout's prompts come as pixels: their block took the model's forward before (0.08 s of a zoom
         step's prompt encoding, most of it the forward's plumbing around ~30 tokens a row)."""
-        if vision.empty or vision.has_encoded or not self.scatters or not self.adapter.caches_encoder:
-            return vision
-        if holds_shards(self.model) or not hasattr(self.inner, "get_placeholder_mask"):
+        if vision.empty or vision.has_encoded or not self.takes_images or holds_shards(self.model):
             return vision
         params = next(self.model.parameters())
         features = self.adapter.encode_images(self.model, vision, params.device, params.dtype)
