@@ -102,6 +102,33 @@ def test_the_lock_belongs_to_the_launch_main_process_and_is_released(tmp_path, m
     assert not out.exists()  # created by the lock, left without a file: removed
 
 
+def test_a_holder_that_writes_its_details_a_moment_late_is_still_named(tmp_path, monkeypatch):
+    """The holder writes pid and command just after taking the lock; on a loaded machine a second command can
+    find the lock held and the file still empty (CI once did): it waits a moment for them."""
+    import fcntl
+    import threading
+
+    from mmgrpo.train import run_lock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out / run_lock.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, nothing written yet
+    record = {"pid": 4242, "host": "box", "command": "mmgrpo train", "since": 0}
+    late = threading.Timer(0.4, lambda: os.pwrite(fd, json.dumps(record).encode(), 0))
+    late.start()
+    try:
+        with pytest.raises(run_lock.RunLockedError, match=r"in use by `mmgrpo train` \(pid 4242 on box"):
+            run_lock.RunLock(out, "mmgrpo sft").acquire()
+        os.ftruncate(fd, 0)  # a holder that never writes: named as one that is starting, after the wait
+        monkeypatch.setattr(run_lock, "HOLDER_WAIT_S", 0.1)
+        with pytest.raises(run_lock.RunLockedError, match="another process \\(it is starting"):
+            run_lock.RunLock(out, "mmgrpo sft").acquire()
+    finally:
+        late.join()
+        os.close(fd)
+
+
 def test_sft_refuses_a_folder_that_holds_a_run_unless_overwrite(tmp_path):
     out = tmp_path / "run"
     (out / "final").mkdir(parents=True)

@@ -55,6 +55,20 @@ def _holder(text: str) -> dict:
     return found if isinstance(found, dict) else {}
 
 
+HOLDER_WAIT_S = 2.0
+"""How long a command that finds the lock held waits for its holder to write its details (pid, host, command):
+the holder writes them just after taking the lock, which on a loaded machine can be a moment later."""
+
+
+def _read_holder(fd: int) -> dict:
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        holder = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        if holder.get("pid") or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.02)
+
+
 def _describe(holder: dict) -> str:
     if not holder.get("pid"):
         return "another process (it is starting: its details are not written yet)"
@@ -107,7 +121,7 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+                holder = _read_holder(fd)
                 os.close(fd)
                 raise RunLockedError(
                     f"{self.what} '{self.folder}' is in use by {_describe(holder)}: two runs writing one folder "
@@ -133,8 +147,9 @@ class RunLock:
             "command": self.command,
             "since": round(time.time(), 3),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        text = (json.dumps(record) + "\n").encode()
+        os.pwrite(fd, text, 0)  # then cut what an older, longer record left: the file is never empty while held
+        os.ftruncate(fd, len(text))
         if self.took_over is not None:
             print(
                 f"mmgrpo: took over the lock of '{self.folder}' left by pid {old['pid']} on {old.get('host', '?')} "
