@@ -1,4 +1,5 @@
-"""benchmarks/zoom_step.py runs end to end (one round, two steps, the same checkout on both sides)."""
+"""benchmarks/zoom_step.py runs end to end (one round, two steps, the same checkout on both sides); slow tier,
+beside the other benchmarks' short forms (~20 s)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_zoom_step_benchmark_prints_its_ratios(tiny_model_dir, tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "zoom_step.py"), "--work", str(tmp_path)]
     cmd += ["--baseline", str(ROOT), "--model", str(tiny_model_dir), "--rounds", "1", "--steps", "2"]
