@@ -2,7 +2,8 @@
 
 These need the environment `mmgrpo vllm-env` makes, and start an engine each (15-60 s), so the default test
 run skips them, saying so; `.ci/run` makes the environment and runs this file with MMGRPO_REQUIRE_VLLM=1,
-where a missing environment is a failure. The tiny
+where a missing environment is a failure (and of the two slow demos, the tools one; the counting one is run
+by hand, see .ci/run's header). The tiny
 text model (hidden 128, 4 heads of 32: a head size the CPU attention takes) is the model of the text_math
 demo.
 """
