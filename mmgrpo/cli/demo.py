@@ -106,6 +106,10 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
         locks.enter_context(RunLock(run_dir, "mmgrpo demo"))
     claim_output_dir(run_dir, overwrite=True)  # a fresh demo run: the last demo's run files go
     trainer = Trainer(cfg, progress=not args.no_progress)
+    processes = choose_processes(args.processes, str(trainer.policy.device))
+    if cfg.rollout.engine == "vllm" and args.processes == "auto":
+        processes = 1  # the vLLM engine's process takes the other core
+    _threads_for_alone_stages(args.threads, processes)
     n = cfg.eval.episodes
     base = trainer.evaluate()
     print(f"demo: freshly built model accuracy={base.accuracy:.3f} (n={n})", flush=True)
@@ -125,9 +129,6 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
         f"(format {before.per_verifier.get('format', float('nan')):.3f})" + _tool_use(before),
         flush=True,
     )
-    processes = choose_processes(args.processes, str(trainer.policy.device))
-    if cfg.rollout.engine == "vllm" and args.processes == "auto":
-        processes = 1  # the vLLM engine's process takes the other core
     t_grpo = time.perf_counter()
     if processes > 1:
         # GRPO on every core: save the warm-started model, train it on N processes (data parallel), then
@@ -174,6 +175,27 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
     )
     print(f"demo: accuracy before={before.accuracy:.3f} after={after.accuracy:.3f} (n={n})", flush=True)
     return 0
+
+
+def _threads_for_alone_stages(requested: int | None, processes: int) -> None:
+    """The stages this process runs alone (the warm start, the evaluations) use the cores that GRPO's
+    ``processes`` will use, one thread each: measured on 2 idle cores, the zoom demo's warm-start steps ran
+    about 25% faster on 2 threads than on 1. Only when neither ``--threads`` nor OMP_NUM_THREADS says otherwise."""
+    import os
+
+    import torch
+
+    from mmgrpo.train.threads import cpu_cores
+
+    if processes < 2 or requested is not None or (os.environ.get("OMP_NUM_THREADS") or "").strip():
+        return
+    if torch.cuda.is_available():
+        return
+    n = min(processes, cpu_cores())
+    if n > torch.get_num_threads():
+        torch.set_num_threads(n)
+        said = f"demo: warm start and evaluations on {n} threads (the cores of GRPO's {processes} processes)"
+        print(said, flush=True)
 
 
 def _tool_use(result) -> str:
