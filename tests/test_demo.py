@@ -2,7 +2,7 @@
 
 Slow tier (`pytest -m slow tests/test_demo.py`; `.ci/run` runs the counting, counting_hard, text_math, tools
 and tools_lookup demos after the fast tests; the zoom demo is run by hand until it is faster: .ci/run says why). On 2 CPU cores: counting about 1 minute, text_math about 1,
-tools about 2, tools_lookup about 5, counting_hard about 4, zoom about 13.
+tools about 2, tools_lookup about 5, counting_hard about 4, zoom about 9-12.
 `--demo-set KEY=VALUE` adds an override to every demo here, e.g. `--demo-set seed=1`, or
 `--demo-set grpo.steps=5` to see a demo fall short and its test fail.
 """
@@ -69,9 +69,10 @@ def test_demo_learns_to_count_in_the_zoomed_view(tmp_path, capsys, demo_sets):
     answer's form (counts at random, so before is chance), GRPO must read the count in the zoomed view (bare
     prompts first, then full ones) and keep zooming on the named cell. With grpo.freeze_embeddings (as in
     counting_hard) seeds 0, 1 and 2 each ended at 1.000; without it seed 1 collapsed onto "1" (0.245). Not in
-    .ci/run for now (19.6 min there on a slow day; see its header): run it by hand after changing what it uses."""
+    .ci/run for now (19.6 min there on a slow day with 700 steps, 12 min with 500; see its header): run it by
+    hand after changing what it uses. After >= 0.90 is issue 56's bar (seeds 0 and 1 with 500 steps: 1.000)."""
     summary = run_demo("zoom", tmp_path, capsys, demo_sets)
-    assert summary["before"] <= 0.30 and summary["after"] >= 0.80, summary
+    assert summary["before"] <= 0.30 and summary["after"] >= 0.90, summary
     after = summary["tool_use_after"]
     assert after["env/right_cell"] >= 0.9 and after["tools/used_frac"] >= 0.9, summary
     table = summary["answers_after"]
