@@ -180,16 +180,13 @@ def _demo(args: argparse.Namespace, out: Path, locks) -> int:
 def _threads_for_alone_stages(requested: int | None, processes: int) -> None:
     """The stages this process runs alone (the warm start, the evaluations) use the cores that GRPO's
     ``processes`` will use, one thread each: measured on 2 idle cores, the zoom demo's warm-start steps ran
-    about 25% faster on 2 threads than on 1. Only when neither ``--threads`` nor OMP_NUM_THREADS says otherwise."""
-    import os
-
+    about 25% faster on 2 threads than on 1. Only when neither ``--threads`` nor OMP_NUM_THREADS says
+    otherwise."""
     import torch
 
-    from mmgrpo.train.threads import cpu_cores
+    from mmgrpo.train.threads import cpu_cores, user_set_threads
 
-    if processes < 2 or requested is not None or (os.environ.get("OMP_NUM_THREADS") or "").strip():
-        return
-    if torch.cuda.is_available():
+    if processes < 2 or user_set_threads(requested) or torch.cuda.is_available():
         return
     n = min(processes, cpu_cores())
     if n > torch.get_num_threads():

@@ -48,6 +48,13 @@ def default_cpu_threads(cores: int, processes: int = 1) -> int:
 _THREADS_SAID = False
 
 
+def user_set_threads(requested: int | None) -> bool:
+    """Whether the user chose the torch threads: ``--threads N`` (``requested``) or OMP_NUM_THREADS."""
+    import os
+
+    return requested is not None or bool((os.environ.get("OMP_NUM_THREADS") or "").strip())
+
+
 def set_cpu_threads(requested: int | None) -> None:
     """``--threads N``, else OMP_NUM_THREADS (torch reads it), else on a machine without a GPU
     :func:`default_cpu_threads`, said once per process on stderr. Called when a command's input is
@@ -56,7 +63,7 @@ def set_cpu_threads(requested: int | None) -> None:
 
     global _THREADS_SAID
 
-    if requested is None and (os.environ.get("OMP_NUM_THREADS") or "").strip():
+    if requested is None and user_set_threads(None):  # OMP_NUM_THREADS: torch has read it
         return
     import torch
 
