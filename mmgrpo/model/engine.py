@@ -263,9 +263,7 @@ def encode_heads(
         extra = {} if cache is None else {cache_kwarg(model): cache}
         return model(**kw, position_ids=positions.to(device), logits_to_keep=1, use_cache=True, **extra)
 
-    shared = system_prefix.encode_prompts(model, adapter, ids, mask, vision, device, forward)
-    if shared is None and lean_encoder is not None and lean_encoder.takes(v := lean_encoder.encoded(vision)):
-        shared = system_prefix.encode_whole(model, adapter, ids, mask, v, device, forward)  # no opening
+    shared = system_prefix.encode_opened(model, adapter, ids, mask, vision, device, forward, lean_encoder)
     if shared is not None:
         return shared
     first, cache, delta = prefill(model, adapter, ids, mask, vision, 1, device)

@@ -10,21 +10,30 @@ mask. Same numbers as encoding each prompt whole (tested in every family that co
 
 The prefix never reaches into an image: it stops before the first placeholder id (image tokens' features
 and, for Qwen-VL, their 3-D positions belong to the block, laid out by ``adapter.block_positions``).
+
+Prompts that open in more than one way (the zoom demo's bare questions beside its full prompts, for its
+first ``grpo.bare_steps``) share no opening as a whole batch; ``encode_parts`` splits them by how they
+open, encodes each part on its own opening and lays the parts' caches side by side.
 """
 
 from __future__ import annotations
 
+import copy
 import weakref
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mmgrpo.model.adapters import CausalLMAdapter
 from mmgrpo.model.batch import VisionInputs
-from mmgrpo.model.prefix import rows_of_cache, selects_rows
+from mmgrpo.model.prefix import plain_again, rows_of_cache, selects_rows, take_rows
 
 MIN_SHARED = 16
 """Fewer common tokens than this are not worth a second forward: the prompts are encoded whole."""
+
+SPLIT_OPENINGS = True
+"""False: prompts that open in several ways are encoded whole, as one block (the tests compare both)."""
 
 
 def common_prefix(ids: Tensor, mask: Tensor, stop: set[int]) -> int:
@@ -121,3 +130,79 @@ def encode_whole(
     out = forward(ids, mask, vision, positions, None)
     cache = out["cache"] if "cache" in out else out.past_key_values
     return out.logits[:, -1, :], cache, after.to(device), mask.to(device)
+
+
+def encode_opened(
+    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device, forward, lean_encoder
+) -> tuple[Tensor, object, Tensor, Tensor] | None:
+    """B prompts encoded on their openings: the common one once (``encode_prompts``); where there is none
+    and ``lean_encoder`` (mmgrpo.model.lean_prompt, or None) takes the images, each way the prompts open
+    once (``encode_parts``), else all of them whole (``encode_whole``). Returns what ``encode_prompts``
+    returns, or None: the caller's own prefill then."""
+    shared = encode_prompts(model, adapter, ids, mask, vision, device, forward)
+    if shared is not None or lean_encoder is None or not lean_encoder.takes(v := lean_encoder.encoded(vision)):
+        return shared
+
+    def whole(i: Tensor, m: Tensor, part: VisionInputs):
+        return encode_whole(model, adapter, i, m, part, device, forward)
+
+    parts = encode_parts(model, adapter, ids, mask, v, device, forward, whole) if SPLIT_OPENINGS else None
+    return parts if parts is not None else whole(ids, mask, v)
+
+
+def encode_parts(
+    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device, forward, whole
+) -> tuple[Tensor, object, Tensor, Tensor] | None:
+    """Prompts split by their first ``MIN_SHARED`` real tokens, each part encoded on its own: its common
+    opening once (``encode_prompts``), or by ``whole`` ((ids, mask, vision) -> the same tuple, or None)
+    where it shares too little; the parts' caches then laid side by side (``side_by_side``). Returns what
+    ``encode_prompts`` returns, rows in the order of ``ids``; None when the prompts open in one way only,
+    no two open alike, or a part cannot be encoded."""
+    keys: dict[tuple[int, ...], list[int]] = {}
+    for r, (row, m) in enumerate(zip(ids, mask, strict=True)):
+        keys.setdefault(tuple(row[m.bool()][:MIN_SHARED].tolist()), []).append(r)
+    if len(keys) < 2 or all(len(rows) < 2 for rows in keys.values()):
+        return None
+    encoded, order = [], []
+    for rows in keys.values():
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        width = int(mask[idx].sum(dim=1).max())  # left padding: the part keeps its own widest prompt
+        part_ids, part_mask, part_vision = ids[idx, -width:], mask[idx, -width:], vision.select(rows)
+        done = encode_prompts(model, adapter, part_ids, part_mask, part_vision, device, forward)
+        done = done if done is not None else whole(part_ids, part_mask, part_vision)
+        if done is None:
+            return None
+        encoded.append(done)
+        order += rows
+    return side_by_side(encoded, torch.as_tensor(order, dtype=torch.long))
+
+
+def side_by_side(parts: list[tuple], order: Tensor) -> tuple[Tensor, object, Tensor, Tensor]:
+    """Encoded parts (logits (b, V), cache of b rows, next positions, cache mask (b, P_k)) as one: each
+    part's cache and mask left-padded with mask-0 columns to the widest P, the rows stacked and put back
+    in prompt order (``order`` (B,): the prompt of each stacked row). Keys already carry their rotary
+    positions and the mask hides the padding, so every row attends to what it did in its part
+    (differentiable: the gradient flows back into each part's encoding)."""
+    width = max(p[3].shape[1] for p in parts)
+    back = torch.argsort(order)  # (B,) the stacked row of each prompt
+
+    def stack(tensors: list[Tensor], dim: int) -> Tensor:  # left-pad dimension ``dim`` to width, stack rows
+        padded = []
+        for t in tensors:
+            pad = [0, 0] * (t.dim() - 1 - dim) + [width - t.shape[dim], 0]
+            padded.append(F.pad(t, pad))
+        return torch.cat(padded)
+
+    first = torch.cat([p[0] for p in parts])[back.to(parts[0][0].device)]  # (B, V)
+    after = torch.cat([p[2] for p in parts])[back.to(parts[0][2].device)]  # (B,)
+    layout = stack([p[3] for p in parts], 1)[back.to(parts[0][3].device)]  # (B, P)
+    caches = [p[1] for p in parts]
+    cache = copy.copy(caches[0])
+    cache.layers = []
+    for i, layer in enumerate(caches[0].layers):
+        new = plain_again(copy.copy(layer))
+        for name in ("keys", "values"):  # (b, Hk, P_k, D) each -> (B, Hk, P, D)
+            stacked = stack([getattr(c.layers[i], name) for c in caches], 2)
+            setattr(new, name, take_rows(stacked, back.to(stacked.device)))
+        cache.layers.append(new)
+    return first, cache, after, layout
