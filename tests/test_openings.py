@@ -87,12 +87,18 @@ def _group_pass(policy: Policy, batch, split: bool, share_prompt: bool = True):
         system_prefix.SPLIT_OPENINGS = True
 
 
-def test_groups_of_bare_and_full_prompts_encode_each_opening_once(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("lean_encoder", [True, False])
+def test_groups_of_bare_and_full_prompts_encode_each_opening_once(tiny_model_dir, monkeypatch, lean_encoder):
     """The zoom demo's first GRPO steps: groups on bare questions beside groups on full prompts share no
     opening as a batch; split by how they open, the full prompts' opening runs once, and the log-probs
-    and gradients are those of one full forward per row."""
+    and gradients are those of one full forward per row; with the lean prompt encoder and with the model's
+    own forward (a DDP training pass, where the lean encoder stands aside)."""
     import dataclasses
 
+    from mmgrpo.model import lean_prompt
+
+    if not lean_encoder:
+        monkeypatch.setattr(lean_prompt, "for_model", lambda model, adapter: None)
     policy = Policy.from_pretrained(tiny_model_dir)
     env = ZoomCountEnv(tools=["zoom"], demo_cell="named")
     seeds = [3, 3, 4, 4, 5, 5, 6, 6, 7, 7]  # five groups of two rows

@@ -263,11 +263,12 @@ def encode_heads(
         extra = {} if cache is None else {cache_kwarg(model): cache}
         return model(**kw, position_ids=positions.to(device), logits_to_keep=1, use_cache=True, **extra)
 
-    shared = system_prefix.encode_opened(model, adapter, ids, mask, vision, device, forward, lean_encoder)
-    if shared is not None:
-        return shared
-    first, cache, delta = prefill(model, adapter, ids, mask, vision, 1, device)
-    return first, cache, next_positions(mask, 1, delta, device), mask.to(device)
+    def whole(i: Tensor, m: Tensor, v: VisionInputs):  # the prompts from nothing, the model's own way
+        first, cache, delta = prefill(model, adapter, i, m, v, 1, device)
+        return first, cache, next_positions(m, 1, delta, device), m.to(device)
+
+    shared = system_prefix.encode_opened(model, adapter, ids, mask, vision, device, forward, lean_encoder, whole)
+    return shared if shared is not None else whole(ids, mask, vision)
 
 
 class Sampling:

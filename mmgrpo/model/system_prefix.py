@@ -33,7 +33,7 @@ MIN_SHARED = 16
 """Fewer common tokens than this are not worth a second forward: the prompts are encoded whole."""
 
 SPLIT_OPENINGS = True
-"""False: prompts that open in several ways are encoded whole, as one block (the tests compare both)."""
+"""False: prompts that open in several ways are encoded whole (the tests compare both)."""
 
 
 def common_prefix(ids: Tensor, mask: Tensor, stop: set[int]) -> int:
@@ -133,21 +133,24 @@ def encode_whole(
 
 
 def encode_opened(
-    model, adapter: CausalLMAdapter, ids: Tensor, mask: Tensor, vision: VisionInputs, device, forward, lean_encoder
+    model, adapter: CausalLMAdapter, ids, mask, vision: VisionInputs, device, forward, lean_encoder, whole
 ) -> tuple[Tensor, object, Tensor, Tensor] | None:
-    """B prompts encoded on their openings: the common one once (``encode_prompts``); where there is none
-    and ``lean_encoder`` (mmgrpo.model.lean_prompt, or None) takes the images, each way the prompts open
-    once (``encode_parts``), else all of them whole (``encode_whole``). Returns what ``encode_prompts``
-    returns, or None: the caller's own prefill then."""
+    """B prompts encoded on their openings: the common one once (``encode_prompts``); where there is none,
+    each way the prompts open once (``encode_parts``), the parts that share nothing by ``encode_whole``
+    where ``lean_encoder`` (mmgrpo.model.lean_prompt, or None) takes the images, else by ``whole`` (the
+    caller's prefill: (ids, mask, vision) -> the tuple; the model's forward, as in a DDP training pass).
+    Returns what ``encode_prompts`` returns, or None: the caller's ``whole`` for all of them then."""
     shared = encode_prompts(model, adapter, ids, mask, vision, device, forward)
-    if shared is not None or lean_encoder is None or not lean_encoder.takes(v := lean_encoder.encoded(vision)):
+    if shared is not None or not SPLIT_OPENINGS:
         return shared
+    if lean_encoder is not None and lean_encoder.takes(v := lean_encoder.encoded(vision)):
 
-    def whole(i: Tensor, m: Tensor, part: VisionInputs):
-        return encode_whole(model, adapter, i, m, part, device, forward)
+        def lean_whole(i: Tensor, m: Tensor, part: VisionInputs):
+            return encode_whole(model, adapter, i, m, part, device, forward)
 
-    parts = encode_parts(model, adapter, ids, mask, v, device, forward, whole) if SPLIT_OPENINGS else None
-    return parts if parts is not None else whole(ids, mask, v)
+        parts = encode_parts(model, adapter, ids, mask, v, device, forward, lean_whole)
+        return parts if parts is not None else lean_whole(ids, mask, v)
+    return encode_parts(model, adapter, ids, mask, vision, device, forward, whole)
 
 
 def encode_parts(
@@ -170,7 +173,7 @@ def encode_parts(
         part_ids, part_mask, part_vision = ids[idx, -width:], mask[idx, -width:], vision.select(rows)
         done = encode_prompts(model, adapter, part_ids, part_mask, part_vision, device, forward)
         done = done if done is not None else whole(part_ids, part_mask, part_vision)
-        if done is None:
+        if done is None or not selects_rows(done[1]):  # a custom cache cannot be laid beside another
             return None
         encoded.append(done)
         order += rows
