@@ -150,3 +150,17 @@ def test_a_rollout_of_bare_and_full_prompts_samples_what_training_reads(tiny_pol
     assert_sampled_is_trained(tiny_policy, split, record)
     whole = run(False)
     assert [t.response_ids for t in split.trajectories] == [t.response_ids for t in whole.trajectories]
+
+
+def test_only_caches_with_every_column_are_laid_side_by_side():
+    """A part's cache is padded column for column against its mask, so a layer that holds fewer columns (a
+    sliding window) or no key tensors (a custom cache) sends the prompts back to the whole encoding."""
+    from types import SimpleNamespace
+
+    def cache(*widths):
+        kv = [torch.zeros(2, 1, w, 4) for w in widths]  # (B, Hk, columns, D) per layer
+        return SimpleNamespace(layers=[SimpleNamespace(keys=k, values=k.clone()) for k in kv])
+
+    assert system_prefix._lays_flat(cache(7, 7), 7)
+    assert not system_prefix._lays_flat(cache(7, 5), 7)  # the second layer kept a window of 5
+    assert not system_prefix._lays_flat(SimpleNamespace(layers=[SimpleNamespace(keys=None)]), 7)

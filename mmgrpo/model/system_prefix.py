@@ -173,11 +173,17 @@ def encode_parts(
         part_ids, part_mask, part_vision = ids[idx, -width:], mask[idx, -width:], vision.select(rows)
         done = encode_prompts(model, adapter, part_ids, part_mask, part_vision, device, forward)
         done = done if done is not None else whole(part_ids, part_mask, part_vision)
-        if done is None or not selects_rows(done[1]):  # a custom cache cannot be laid beside another
+        if done is None or not _lays_flat(done[1], done[3].shape[1]):
             return None
         encoded.append(done)
         order += rows
     return side_by_side(encoded, torch.as_tensor(order, dtype=torch.long))
+
+
+def _lays_flat(cache, width: int) -> bool:
+    """Whether every layer of ``cache`` holds keys and values for each of the ``width`` columns of its mask
+    (not a custom cache, nor a sliding window that dropped columns), so that padding them lines up."""
+    return selects_rows(cache) and all(layer.keys.shape[-2] == width for layer in cache.layers)
 
 
 def side_by_side(parts: list[tuple], order: Tensor) -> tuple[Tensor, object, Tensor, Tensor]:
