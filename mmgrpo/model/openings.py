@@ -20,7 +20,7 @@ import torch
 from mmgrpo.model import engine
 from mmgrpo.model.adapters import CausalLMAdapter
 from mmgrpo.model.batch import TokenBatch
-from mmgrpo.model.system_prefix import MIN_SHARED, common_prefix, opening_stops
+from mmgrpo.model.system_prefix import common_prefix, opening_stops, rows_by_opening
 
 MIN_OPENING = 64
 """A part of the batch takes the shared opening only when its rows' prompts open with at least this many
@@ -37,11 +37,8 @@ def opening_parts(batch: TokenBatch, adapter: CausalLMAdapter) -> list[tuple[lis
     if not SHARE_OPENINGS or len(batch) < 2 or not adapter.continues_cache:
         return None
     stop = opening_stops(adapter)
-    keys: dict[tuple[int, ...], list[int]] = {}
-    for r, (ids, mask) in enumerate(zip(batch.prompt_ids, batch.prompt_mask, strict=True)):
-        keys.setdefault(tuple(ids[mask.bool()][:MIN_SHARED].tolist()), []).append(r)
     parts = []
-    for rows in keys.values():
+    for rows in rows_by_opening(batch.prompt_ids, batch.prompt_mask):
         idx = torch.as_tensor(rows, dtype=torch.long)
         shared = (
             len(rows) > 1

@@ -50,6 +50,15 @@ def common_prefix(ids: Tensor, mask: Tensor, stop: set[int]) -> int:
     return n if bool(same.all()) else int((~same).nonzero()[0])
 
 
+def rows_by_opening(ids: Tensor, mask: Tensor) -> list[list[int]]:
+    """The rows of left-padded ids (B, L) grouped by their first ``MIN_SHARED`` real tokens, in order of
+    first appearance: the ways a batch's prompts open."""
+    keys: dict[tuple[int, ...], list[int]] = {}
+    for r, (row, m) in enumerate(zip(ids, mask, strict=True)):
+        keys.setdefault(tuple(row[m.bool()][:MIN_SHARED].tolist()), []).append(r)
+    return list(keys.values())
+
+
 def opening_stops(adapter: CausalLMAdapter) -> set[int]:
     """The ids an opening stops before: the placeholders the policy never samples and the image and
     video tokens (their features and positions belong to the block after the opening)."""
@@ -161,13 +170,11 @@ def encode_parts(
     where it shares too little; the parts' caches then laid side by side (``side_by_side``). Returns what
     ``encode_prompts`` returns, rows in the order of ``ids``; None when the prompts open in one way only,
     no two open alike, or a part cannot be encoded."""
-    keys: dict[tuple[int, ...], list[int]] = {}
-    for r, (row, m) in enumerate(zip(ids, mask, strict=True)):
-        keys.setdefault(tuple(row[m.bool()][:MIN_SHARED].tolist()), []).append(r)
-    if len(keys) < 2 or all(len(rows) < 2 for rows in keys.values()):
+    parts = rows_by_opening(ids, mask)
+    if len(parts) < 2 or all(len(rows) < 2 for rows in parts):
         return None
     encoded, order = [], []
-    for rows in keys.values():
+    for rows in parts:
         idx = torch.as_tensor(rows, dtype=torch.long)
         width = int(mask[idx].sum(dim=1).max())  # left padding: the part keeps its own widest prompt
         part_ids, part_mask, part_vision = ids[idx, -width:], mask[idx, -width:], vision.select(rows)
